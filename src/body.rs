@@ -1,0 +1,39 @@
+//! The one response/request body type the proxy uses everywhere.
+//!
+//! Bodies are boxed streams of `Bytes` so a pass-through body (hyper's
+//! `Incoming`), a list assembled from cached object bytes, and a watch
+//! stream all fit the same `Response<Body>`.
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full, combinators::UnsyncBoxBody};
+
+/// Error type carried by bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A boxed body of `Bytes` frames.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A body holding `bytes` in one frame.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    Empty::<Bytes>::new()
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// Boxes any body whose error converts into [`BoxError`].
+pub fn boxed<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
+}

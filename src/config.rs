@@ -1,0 +1,357 @@
+//! Configuration: one YAML file, overridden by command-line flags, validated
+//! before any socket is bound.
+//!
+//! The documented example with every field and its default is
+//! `config/kube-cache-proxy.yaml`. Field names are camelCase, like the
+//! Kubernetes component configs (`KubeletConfiguration`), and carry their
+//! unit (`...Seconds`, `...Bytes`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The `apiVersion` a configuration file may declare.
+pub const API_VERSION: &str = "kubecacheproxy.io/v1alpha1";
+/// The `kind` a configuration file may declare.
+pub const KIND: &str = "KubeCacheProxyConfiguration";
+
+/// A configuration error, naming the offending field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML for this schema (unknown field, wrong type).
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A field holds a value that is not allowed.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+impl ConfigError {
+    fn invalid(field: &str, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Config {
+    /// Optional; when set must be [`API_VERSION`].
+    pub api_version: Option<String>,
+    /// Optional; when set must be [`KIND`].
+    pub kind: Option<String>,
+    /// Address (`host:port`) of the HTTPS listener clients connect to.
+    /// Default `127.0.0.1:6444`: a node-local proxy is reached over loopback.
+    pub listen: String,
+    /// Address (`host:port`) of the plain-HTTP admin listener (`/metrics`,
+    /// `/healthz`, `/livez`, `/readyz`). It serves no cluster data.
+    /// Default `127.0.0.1:9444`.
+    pub admin_listen: String,
+    /// Downstream TLS.
+    pub tls: TlsConfig,
+    /// How to reach the kube-apiserver.
+    pub upstream: UpstreamConfig,
+    /// On SIGTERM/SIGINT, how long open connections may drain before they
+    /// are closed. Default 30 s: below the kubelet's default
+    /// `terminationGracePeriodSeconds` of 30 s plus the pre-stop margin.
+    pub shutdown_grace_period_seconds: u64,
+    /// Most client connections served at once; further connections wait in
+    /// the kernel's accept queue. Default 10000.
+    pub max_connections: usize,
+}
+
+/// Downstream TLS settings.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct TlsConfig {
+    /// PEM serving certificate chain. Required to serve.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of the serving certificate. Required to serve.
+    pub private_key_file: Option<PathBuf>,
+    /// PEM bundle of CAs whose client certificates are accepted
+    /// (like kube-apiserver's `--client-ca-file`). Optional.
+    pub client_ca_file: Option<PathBuf>,
+    /// Lowest TLS version accepted: `VersionTLS12` (default) or
+    /// `VersionTLS13`, named like kube-apiserver's `--tls-min-version`.
+    pub min_version: TlsVersion,
+}
+
+/// A TLS protocol version, named as kube-apiserver names them.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+pub enum TlsVersion {
+    /// TLS 1.2.
+    #[default]
+    VersionTLS12,
+    /// TLS 1.3.
+    VersionTLS13,
+}
+
+/// Upstream (kube-apiserver) settings.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct UpstreamConfig {
+    /// Kubeconfig file for the apiserver. Unset: the in-cluster
+    /// service-account configuration (`KUBERNETES_SERVICE_HOST`, the
+    /// mounted token, which is re-read as it rotates, and `ca.crt`).
+    pub kubeconfig: Option<PathBuf>,
+    /// Context of the kubeconfig to use. Unset: its current context.
+    pub context: Option<String>,
+    /// Time allowed to open a TCP+TLS connection to the apiserver before the
+    /// request fails with `503`. Default 5 s.
+    pub connect_timeout_seconds: u64,
+    /// Idle pooled connections are closed after this long. Default 90 s.
+    pub idle_timeout_seconds: u64,
+}
+
+// === impl Config ===
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            api_version: None,
+            kind: None,
+            listen: "127.0.0.1:6444".to_string(),
+            admin_listen: "127.0.0.1:9444".to_string(),
+            tls: TlsConfig::default(),
+            upstream: UpstreamConfig::default(),
+            shutdown_grace_period_seconds: 30,
+            max_connections: 10_000,
+        }
+    }
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            kubeconfig: None,
+            context: None,
+            connect_timeout_seconds: 5,
+            idle_timeout_seconds: 90,
+        }
+    }
+}
+
+/// Command-line values that override the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    pub upstream_kubeconfig: Option<PathBuf>,
+    pub upstream_context: Option<String>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    pub client_ca_file: Option<PathBuf>,
+    pub tls_min_version: Option<TlsVersion>,
+    pub shutdown_grace_period_seconds: Option<u64>,
+}
+
+impl Config {
+    /// Reads and parses a YAML file. Does not validate.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] or [`ConfigError::Parse`] (unknown field, wrong
+    /// type), naming the file and the field.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_yaml(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses YAML text. An empty document is the default configuration.
+    ///
+    /// # Errors
+    /// The parser's message, which names the field.
+    pub fn from_yaml(text: &str) -> Result<Config, String> {
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        serde_saphyr::from_str::<Config>(text).map_err(|e| e.to_string())
+    }
+
+    /// Applies command-line overrides.
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(v) = &o.listen {
+            self.listen = v.clone();
+        }
+        if let Some(v) = &o.admin_listen {
+            self.admin_listen = v.clone();
+        }
+        if let Some(v) = &o.upstream_kubeconfig {
+            self.upstream.kubeconfig = Some(v.clone());
+        }
+        if let Some(v) = &o.upstream_context {
+            self.upstream.context = Some(v.clone());
+        }
+        if let Some(v) = &o.tls_cert_file {
+            self.tls.cert_file = Some(v.clone());
+        }
+        if let Some(v) = &o.tls_private_key_file {
+            self.tls.private_key_file = Some(v.clone());
+        }
+        if let Some(v) = &o.client_ca_file {
+            self.tls.client_ca_file = Some(v.clone());
+        }
+        if let Some(v) = o.tls_min_version {
+            self.tls.min_version = v;
+        }
+        if let Some(v) = o.shutdown_grace_period_seconds {
+            self.shutdown_grace_period_seconds = v;
+        }
+    }
+
+    /// Checks every field. Runs before anything is started.
+    ///
+    /// # Errors
+    /// The first invalid field, by its YAML path.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(v) = &self.api_version
+            && v != API_VERSION
+        {
+            return Err(ConfigError::invalid(
+                "apiVersion",
+                format!("must be {API_VERSION:?}, got {v:?}"),
+            ));
+        }
+        if let Some(k) = &self.kind
+            && k != KIND
+        {
+            return Err(ConfigError::invalid(
+                "kind",
+                format!("must be {KIND:?}, got {k:?}"),
+            ));
+        }
+        parse_addr("listen", &self.listen)?;
+        parse_addr("adminListen", &self.admin_listen)?;
+        if self.listen == self.admin_listen && !self.listen.ends_with(":0") {
+            return Err(ConfigError::invalid(
+                "adminListen",
+                "must differ from listen",
+            ));
+        }
+        match (&self.tls.cert_file, &self.tls.private_key_file) {
+            (None, _) => {
+                return Err(ConfigError::invalid(
+                    "tls.certFile",
+                    "required (--tls-cert-file)",
+                ));
+            }
+            (_, None) => {
+                return Err(ConfigError::invalid(
+                    "tls.privateKeyFile",
+                    "required (--tls-private-key-file)",
+                ));
+            }
+            (Some(cert), Some(key)) => {
+                readable("tls.certFile", cert)?;
+                readable("tls.privateKeyFile", key)?;
+            }
+        }
+        if let Some(ca) = &self.tls.client_ca_file {
+            readable("tls.clientCAFile", ca)?;
+        }
+        if let Some(kc) = &self.upstream.kubeconfig {
+            readable("upstream.kubeconfig", kc)?;
+        }
+        if self.upstream.connect_timeout_seconds == 0 {
+            return Err(ConfigError::invalid(
+                "upstream.connectTimeoutSeconds",
+                "must be at least 1",
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::invalid("maxConnections", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// The parsed `listen` address. Valid after [`Config::validate`].
+    ///
+    /// # Errors
+    /// When `listen` is not `host:port`.
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        parse_addr("listen", &self.listen)
+    }
+
+    /// The parsed `adminListen` address.
+    ///
+    /// # Errors
+    /// When `adminListen` is not `host:port`.
+    pub fn admin_listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        parse_addr("adminListen", &self.admin_listen)
+    }
+}
+
+fn parse_addr(field: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse::<SocketAddr>().map_err(|e| {
+        ConfigError::invalid(
+            field,
+            format!("{value:?} is not an IP address and port (host:port): {e}"),
+        )
+    })
+}
+
+fn readable(field: &str, path: &Path) -> Result<(), ConfigError> {
+    std::fs::File::open(path)
+        .map(drop)
+        .map_err(|e| ConfigError::invalid(field, format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_is_default() {
+        assert_eq!(Config::from_yaml("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let err = Config::from_yaml("listen: 127.0.0.1:1\nbogus: 1\n").unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+        let err = Config::from_yaml("upstream:\n  kubeconfg: x\n").unwrap_err();
+        assert!(err.contains("kubeconfg"), "{err}");
+    }
+
+    #[test]
+    fn bad_address_names_field() {
+        let c = Config {
+            listen: "localhost".into(),
+            ..Config::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.starts_with("listen:"), "{err}");
+    }
+
+    #[test]
+    fn missing_cert_names_field() {
+        let err = Config::default().validate().unwrap_err().to_string();
+        assert!(err.starts_with("tls.certFile:"), "{err}");
+    }
+
+    #[test]
+    fn overrides_win() {
+        let mut c = Config::from_yaml("listen: 127.0.0.1:1\n").unwrap();
+        c.apply(&Overrides {
+            listen: Some("127.0.0.1:2".into()),
+            ..Overrides::default()
+        });
+        assert_eq!(c.listen, "127.0.0.1:2");
+    }
+}

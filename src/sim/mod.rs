@@ -1,0 +1,1 @@
+//! A simulated kube-apiserver for tests, benchmarks and the demo.
