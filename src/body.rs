@@ -37,3 +37,39 @@ where
 {
     body.map_err(Into::into).boxed_unsync()
 }
+
+pin_project_lite::pin_project! {
+    /// A body that keeps `guard` alive until the body is finished or
+    /// dropped: in-flight gauges and watcher registrations end exactly
+    /// when the client's response ends.
+    pub struct Guarded<G> {
+        #[pin]
+        inner: Body,
+        guard: G,
+    }
+}
+
+impl<G> http_body::Body for Guarded<G> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Wraps `body` so `guard` is dropped with it.
+pub fn guarded<G: Send + 'static>(body: Body, guard: G) -> Body {
+    Guarded { inner: body, guard }.boxed_unsync()
+}

@@ -69,6 +69,216 @@ pub struct Config {
     /// Most client connections served at once; further connections wait in
     /// the kernel's accept queue. Default 10000.
     pub max_connections: usize,
+    /// This node's name, substituted for `${NODE_NAME}` in cache scopes.
+    /// Default: the `NODE_NAME` environment variable (downward API) via the
+    /// `--node-name` flag, else empty.
+    pub node_name: String,
+    /// The watch cache.
+    pub cache: CacheConfig,
+}
+
+/// The watch cache: which resources, and how reads behave.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct CacheConfig {
+    /// Serve reads from the cache. `false` makes the proxy a pure
+    /// pass-through. Default true.
+    pub enabled: bool,
+    /// Resources cached, each with one upstream list+watch. Default: what
+    /// node agents watch (pods, nodes, services, endpointslices, namespaces,
+    /// runtimeclasses, csidrivers, csinodes).
+    pub resources: Vec<CachedResource>,
+    /// Events kept per resource for watches that resume from an older RV
+    /// (older ones get `410 Expired` and relist). Default 10000: several
+    /// minutes of a busy cluster's changes to one resource.
+    pub history_capacity: usize,
+    /// Events buffered per watcher before it is marked lagging and catches
+    /// up from the history on its own. Default 100.
+    pub watcher_buffer_events: usize,
+    /// A watcher blocked (its client not reading) this long is closed; the
+    /// client re-watches from its last RV. Default 10 s.
+    pub slow_watcher_timeout_seconds: u64,
+    /// Bookmark frequency for watchers that allow bookmarks. Default 60 s,
+    /// as kube-apiserver.
+    pub bookmark_interval_seconds: u64,
+    /// Watches without `timeoutSeconds` end after a random time between
+    /// this and twice this, like kube-apiserver's `--min-request-timeout`.
+    /// Default 1800 s.
+    pub min_request_timeout_seconds: u64,
+    /// How long a consistent list or get (RV unset) waits for the cache to
+    /// reach upstream's current RV before passing through. Default 250 ms.
+    pub consistent_list_wait_milliseconds: u64,
+    /// How long a consistent watch (streaming list with RV unset) waits
+    /// before passing through. Default 3000 ms, as kube-apiserver's cache.
+    pub consistent_watch_wait_milliseconds: u64,
+    /// How long a read "not older than N" waits before `504 Timeout`.
+    /// Default 3000 ms, as kube-apiserver's cache.
+    pub not_older_than_wait_milliseconds: u64,
+    /// How long a read waits for its resource's first list before passing
+    /// through. Default 2000 ms.
+    pub ready_wait_milliseconds: u64,
+}
+
+/// One cached resource (a GVR).
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CachedResource {
+    /// API group; empty for the core group.
+    #[serde(default)]
+    pub group: String,
+    /// API version, e.g. `v1`.
+    pub version: String,
+    /// Resource (plural, lowercase), e.g. `pods`.
+    pub resource: String,
+    /// Kind, e.g. `Pod`. Required for resources the proxy does not know
+    /// (custom resources).
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Whether the resource is namespaced. Required for resources the proxy
+    /// does not know.
+    #[serde(default)]
+    pub namespaced: Option<bool>,
+    /// Upstream scope: a field selector the cache's list+watch uses, e.g.
+    /// `spec.nodeName=${NODE_NAME}`. Requests whose field selector does not
+    /// include it pass through.
+    #[serde(default)]
+    pub field_selector: Option<String>,
+    /// Overrides `cache.historyCapacity` for this resource.
+    #[serde(default)]
+    pub history_capacity: Option<usize>,
+}
+
+impl CachedResource {
+    fn new(group: &str, version: &str, resource: &str) -> CachedResource {
+        CachedResource {
+            group: group.to_string(),
+            version: version.to_string(),
+            resource: resource.to_string(),
+            ..CachedResource::default()
+        }
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            enabled: true,
+            resources: vec![
+                CachedResource::new("", "v1", "pods"),
+                CachedResource::new("", "v1", "nodes"),
+                CachedResource::new("", "v1", "services"),
+                CachedResource::new("discovery.k8s.io", "v1", "endpointslices"),
+                CachedResource::new("", "v1", "namespaces"),
+                CachedResource::new("node.k8s.io", "v1", "runtimeclasses"),
+                CachedResource::new("storage.k8s.io", "v1", "csidrivers"),
+                CachedResource::new("storage.k8s.io", "v1", "csinodes"),
+            ],
+            history_capacity: 10_000,
+            watcher_buffer_events: 100,
+            slow_watcher_timeout_seconds: 10,
+            bookmark_interval_seconds: 60,
+            min_request_timeout_seconds: 1800,
+            consistent_list_wait_milliseconds: 250,
+            consistent_watch_wait_milliseconds: 3000,
+            not_older_than_wait_milliseconds: 3000,
+            ready_wait_milliseconds: 2000,
+        }
+    }
+}
+
+impl CacheConfig {
+    fn validate(&self, node_name: &str) -> Result<(), ConfigError> {
+        if self.history_capacity == 0 {
+            return Err(ConfigError::invalid(
+                "cache.historyCapacity",
+                "must be at least 1",
+            ));
+        }
+        if self.watcher_buffer_events == 0 {
+            return Err(ConfigError::invalid(
+                "cache.watcherBufferEvents",
+                "must be at least 1",
+            ));
+        }
+        if self.bookmark_interval_seconds == 0 {
+            return Err(ConfigError::invalid(
+                "cache.bookmarkIntervalSeconds",
+                "must be at least 1",
+            ));
+        }
+        if self.min_request_timeout_seconds == 0 {
+            return Err(ConfigError::invalid(
+                "cache.minRequestTimeoutSeconds",
+                "must be at least 1",
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, r) in self.resources.iter().enumerate() {
+            let field = |f: &str| format!("cache.resources[{i}].{f}");
+            if r.resource.is_empty() || r.resource.contains('/') {
+                return Err(ConfigError::invalid(
+                    &field("resource"),
+                    "must be a resource name, e.g. pods",
+                ));
+            }
+            if r.version.is_empty() {
+                return Err(ConfigError::invalid(&field("version"), "required"));
+            }
+            if !seen.insert((r.group.clone(), r.version.clone(), r.resource.clone())) {
+                return Err(ConfigError::invalid(&field("resource"), "listed twice"));
+            }
+            if r.history_capacity == Some(0) {
+                return Err(ConfigError::invalid(
+                    &field("historyCapacity"),
+                    "must be at least 1",
+                ));
+            }
+            let known = crate::resource::built_in(&r.group, &r.version, &r.resource).is_some();
+            if !known && r.kind.as_deref().is_none_or(str::is_empty) {
+                return Err(ConfigError::invalid(
+                    &field("kind"),
+                    "required for a resource the proxy does not know",
+                ));
+            }
+            if !known && r.namespaced.is_none() {
+                return Err(ConfigError::invalid(
+                    &field("namespaced"),
+                    "required for a resource the proxy does not know",
+                ));
+            }
+            if let Some(sel) = &r.field_selector {
+                r.scope(node_name).map_err(|m| {
+                    ConfigError::invalid(&field("fieldSelector"), format!("{sel:?}: {m}"))
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CachedResource {
+    /// The upstream scope with `${NODE_NAME}` substituted, parsed and
+    /// converted for the resource.
+    ///
+    /// # Errors
+    /// Why the selector is not usable.
+    pub fn scope(&self, node_name: &str) -> Result<crate::selector::FieldSelector, String> {
+        let Some(raw) = &self.field_selector else {
+            return Ok(crate::selector::FieldSelector::default());
+        };
+        if raw.contains("${NODE_NAME}") && node_name.is_empty() {
+            return Err(
+                "uses ${NODE_NAME} but no node name is set (nodeName, --node-name or NODE_NAME)"
+                    .into(),
+            );
+        }
+        let raw = raw.replace("${NODE_NAME}", node_name);
+        let parsed = crate::selector::FieldSelector::parse(&raw)?;
+        if parsed.terms().iter().any(|t| t.not_equals) {
+            return Err("only field=value terms can scope a cache".into());
+        }
+        crate::resource::FieldSet::of(&self.group, &self.version, &self.resource).convert(&parsed)
+    }
 }
 
 /// Downstream TLS settings.
@@ -81,6 +291,7 @@ pub struct TlsConfig {
     pub private_key_file: Option<PathBuf>,
     /// PEM bundle of CAs whose client certificates are accepted
     /// (like kube-apiserver's `--client-ca-file`). Optional.
+    #[serde(rename = "clientCAFile")]
     pub client_ca_file: Option<PathBuf>,
     /// Lowest TLS version accepted: `VersionTLS12` (default) or
     /// `VersionTLS13`, named like kube-apiserver's `--tls-min-version`.
@@ -127,6 +338,8 @@ impl Default for Config {
             upstream: UpstreamConfig::default(),
             shutdown_grace_period_seconds: 30,
             max_connections: 10_000,
+            node_name: String::new(),
+            cache: CacheConfig::default(),
         }
     }
 }
@@ -154,6 +367,7 @@ pub struct Overrides {
     pub client_ca_file: Option<PathBuf>,
     pub tls_min_version: Option<TlsVersion>,
     pub shutdown_grace_period_seconds: Option<u64>,
+    pub node_name: Option<String>,
 }
 
 impl Config {
@@ -212,6 +426,9 @@ impl Config {
         }
         if let Some(v) = o.shutdown_grace_period_seconds {
             self.shutdown_grace_period_seconds = v;
+        }
+        if let Some(v) = &o.node_name {
+            self.node_name = v.clone();
         }
     }
 
@@ -277,6 +494,7 @@ impl Config {
         if self.max_connections == 0 {
             return Err(ConfigError::invalid("maxConnections", "must be at least 1"));
         }
+        self.cache.validate(&self.node_name)?;
         Ok(())
     }
 
@@ -346,6 +564,29 @@ mod tests {
     }
 
     #[test]
+    fn cache_resources_are_validated() {
+        let c = Config::from_yaml(
+            "cache:\n  resources:\n  - {group: example.com, version: v1, resource: widgets}\n",
+        )
+        .unwrap();
+        let err = c.cache.validate("").unwrap_err().to_string();
+        assert!(err.starts_with("cache.resources[0].kind:"), "{err}");
+        let c = Config::from_yaml("cache:\n  resources:\n  - {version: v1, resource: pods, fieldSelector: 'spec.nodeName=${NODE_NAME}'}\n").unwrap();
+        let err = c.cache.validate("").unwrap_err().to_string();
+        assert!(
+            err.starts_with("cache.resources[0].fieldSelector:"),
+            "{err}"
+        );
+        assert!(c.cache.validate("node-1").is_ok());
+        assert_eq!(
+            c.cache.resources[0].scope("node-1").unwrap().to_string(),
+            "spec.nodeName=node-1"
+        );
+        let c = Config::from_yaml("cache:\n  resources:\n  - {version: v1, resource: configmaps, fieldSelector: 'spec.nodeName=x'}\n").unwrap();
+        assert!(c.cache.validate("").is_err());
+    }
+
+    #[test]
     fn overrides_win() {
         let mut c = Config::from_yaml("listen: 127.0.0.1:1\n").unwrap();
         c.apply(&Overrides {
@@ -353,5 +594,27 @@ mod tests {
             ..Overrides::default()
         });
         assert_eq!(c.listen, "127.0.0.1:2");
+    }
+}
+
+#[cfg(test)]
+mod example_tests {
+    use super::*;
+
+    /// The documented example parses, and lists every field with its default
+    /// (except the paths it fills in).
+    #[test]
+    fn documented_example_matches_defaults() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/kube-cache-proxy.yaml");
+        let mut c = Config::from_file(&path).unwrap();
+        assert_eq!(c.api_version.as_deref(), Some(API_VERSION));
+        assert_eq!(c.kind.as_deref(), Some(KIND));
+        c.api_version = None;
+        c.kind = None;
+        c.tls.cert_file = None;
+        c.tls.private_key_file = None;
+        c.tls.client_ca_file = None;
+        assert_eq!(c, Config::default());
     }
 }

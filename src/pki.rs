@@ -37,7 +37,9 @@ impl Ca {
     /// When key generation or signing fails.
     pub fn new(common_name: &str) -> Result<Ca, rcgen::Error> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -64,9 +66,10 @@ impl Ca {
             .chain(ips.iter().map(IpAddr::to_string))
             .collect();
         let mut params = CertificateParams::new(sans)?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, dns_names.first().copied().unwrap_or("server"));
+        params.distinguished_name.push(
+            DnType::CommonName,
+            dns_names.first().copied().unwrap_or("server"),
+        );
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
@@ -82,9 +85,15 @@ impl Ca {
     ///
     /// # Errors
     /// When signing fails.
-    pub fn issue_client(&self, common_name: &str, organization: Option<&str>) -> Result<Issued, rcgen::Error> {
+    pub fn issue_client(
+        &self,
+        common_name: &str,
+        organization: Option<&str>,
+    ) -> Result<Issued, rcgen::Error> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         if let Some(o) = organization {
             params.distinguished_name.push(DnType::OrganizationName, o);
         }
@@ -115,11 +124,19 @@ mod tests {
             .unwrap();
         assert!(server.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(server.key_pem.contains("PRIVATE KEY"));
-        let client = ca.issue_client("system:node:n1", Some("system:nodes")).unwrap();
+        let client = ca
+            .issue_client("system:node:n1", Some("system:nodes"))
+            .unwrap();
         let der = rustls_pki_types::pem::PemObject::from_pem_slice(client.cert_pem.as_bytes());
         let der: rustls_pki_types::CertificateDer<'_> = der.unwrap();
         let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-        let cn = cert.subject().iter_common_name().next().unwrap().as_str().unwrap();
+        let cn = cert
+            .subject()
+            .iter_common_name()
+            .next()
+            .unwrap()
+            .as_str()
+            .unwrap();
         assert_eq!(cn, "system:node:n1");
     }
 }

@@ -99,12 +99,10 @@ impl RequestInfo {
             info.legacy_watch_path = parts[0] == "watch";
             parts.remove(0);
         }
-        if parts[0] == "namespaces" {
-            if parts.len() > 1 {
-                info.namespace = parts[1].to_string();
-                if parts.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&parts[2]) {
-                    parts.drain(0..2);
-                }
+        if parts[0] == "namespaces" && parts.len() > 1 {
+            info.namespace = parts[1].to_string();
+            if parts.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&parts[2]) {
+                parts.drain(0..2);
             }
         }
         if parts.len() >= 3 && info.verb != "proxy" {
@@ -178,15 +176,27 @@ mod tests {
         let i = get("/api/v1/namespaces/ns/configmaps", None);
         assert!(i.is_resource_request);
         assert_eq!(
-            (i.verb.as_str(), i.api_group.as_str(), i.api_version.as_str()),
+            (
+                i.verb.as_str(),
+                i.api_group.as_str(),
+                i.api_version.as_str()
+            ),
             ("list", "", "v1")
         );
-        assert_eq!((i.namespace.as_str(), i.resource.as_str()), ("ns", "configmaps"));
+        assert_eq!(
+            (i.namespace.as_str(), i.resource.as_str()),
+            ("ns", "configmaps")
+        );
         let i = get("/api/v1/namespaces/ns/configmaps/cm-0", None);
         assert_eq!((i.verb.as_str(), i.name.as_str()), ("get", "cm-0"));
         let i = get("/apis/apps/v1/namespaces/ns/deployments/d/status", None);
         assert_eq!(
-            (i.api_group.as_str(), i.resource.as_str(), i.name.as_str(), i.subresource.as_str()),
+            (
+                i.api_group.as_str(),
+                i.resource.as_str(),
+                i.name.as_str(),
+                i.subresource.as_str()
+            ),
             ("apps", "deployments", "d", "status")
         );
     }
@@ -198,7 +208,10 @@ mod tests {
         let i = get("/api/v1/pods", Some("watch=false"));
         assert_eq!(i.verb, "list");
         let i = get("/api/v1/watch/namespaces/ns/configmaps", None);
-        assert_eq!((i.verb.as_str(), i.namespace.as_str(), i.resource.as_str()), ("watch", "ns", "configmaps"));
+        assert_eq!(
+            (i.verb.as_str(), i.namespace.as_str(), i.resource.as_str()),
+            ("watch", "ns", "configmaps")
+        );
         assert!(i.legacy_watch_path);
         let i = get("/api/v1/watch/namespaces/ns/configmaps/x", None);
         assert_eq!((i.verb.as_str(), i.name.as_str()), ("watch", "x"));
@@ -206,25 +219,54 @@ mod tests {
 
     #[test]
     fn name_from_field_selector() {
-        let i = get("/api/v1/namespaces/ns/secrets", Some("watch=1&fieldSelector=metadata.name%3Ds1"));
+        let i = get(
+            "/api/v1/namespaces/ns/secrets",
+            Some("watch=1&fieldSelector=metadata.name%3Ds1"),
+        );
         assert_eq!((i.verb.as_str(), i.name.as_str()), ("watch", "s1"));
-        let i = get("/api/v1/namespaces/ns/secrets", Some("fieldSelector=metadata.name!%3Ds1"));
+        let i = get(
+            "/api/v1/namespaces/ns/secrets",
+            Some("fieldSelector=metadata.name!%3Ds1"),
+        );
         assert_eq!((i.verb.as_str(), i.name.as_str()), ("list", ""));
     }
 
     #[test]
     fn namespaces_themselves() {
         let i = get("/api/v1/namespaces/ns", None);
-        assert_eq!((i.verb.as_str(), i.resource.as_str(), i.name.as_str(), i.namespace.as_str()), ("get", "namespaces", "ns", "ns"));
+        assert_eq!(
+            (
+                i.verb.as_str(),
+                i.resource.as_str(),
+                i.name.as_str(),
+                i.namespace.as_str()
+            ),
+            ("get", "namespaces", "ns", "ns")
+        );
         let i = get("/api/v1/namespaces", None);
-        assert_eq!((i.verb.as_str(), i.resource.as_str()), ("list", "namespaces"));
+        assert_eq!(
+            (i.verb.as_str(), i.resource.as_str()),
+            ("list", "namespaces")
+        );
         let i = RequestInfo::parse(&Method::PUT, "/api/v1/namespaces/ns/finalize", None);
-        assert_eq!((i.verb.as_str(), i.resource.as_str(), i.subresource.as_str()), ("update", "namespaces", "finalize"));
+        assert_eq!(
+            (i.verb.as_str(), i.resource.as_str(), i.subresource.as_str()),
+            ("update", "namespaces", "finalize")
+        );
     }
 
     #[test]
     fn non_resource() {
-        for p in ["/", "/api", "/apis", "/api/v1", "/apis/apps/v1", "/version", "/healthz", "/openapi/v2"] {
+        for p in [
+            "/",
+            "/api",
+            "/apis",
+            "/api/v1",
+            "/apis/apps/v1",
+            "/version",
+            "/healthz",
+            "/openapi/v2",
+        ] {
             assert!(!get(p, None).is_resource_request, "{p}");
         }
         let i = RequestInfo::parse(&Method::DELETE, "/api/v1/namespaces/ns/pods", None);

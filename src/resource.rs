@@ -75,49 +75,322 @@ pub const BUILT_INS: &[BuiltIn] = &[
     b("", "v1", "nodes", "Node", false, FieldSet::Node),
     b("", "v1", "services", "Service", true, FieldSet::Service),
     b("", "v1", "endpoints", "Endpoints", true, FieldSet::Default),
-    b("", "v1", "namespaces", "Namespace", false, FieldSet::Namespace),
+    b(
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        false,
+        FieldSet::Namespace,
+    ),
     b("", "v1", "configmaps", "ConfigMap", true, FieldSet::Default),
     b("", "v1", "secrets", "Secret", true, FieldSet::Secret),
-    b("", "v1", "serviceaccounts", "ServiceAccount", true, FieldSet::Default),
+    b(
+        "",
+        "v1",
+        "serviceaccounts",
+        "ServiceAccount",
+        true,
+        FieldSet::Default,
+    ),
     b("", "v1", "events", "Event", true, FieldSet::CoreEvent),
-    b("", "v1", "persistentvolumes", "PersistentVolume", false, FieldSet::Default),
-    b("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true, FieldSet::Default),
-    b("", "v1", "replicationcontrollers", "ReplicationController", true, FieldSet::ReplicationController),
-    b("", "v1", "limitranges", "LimitRange", true, FieldSet::Default),
-    b("", "v1", "resourcequotas", "ResourceQuota", true, FieldSet::Default),
-    b("", "v1", "podtemplates", "PodTemplate", true, FieldSet::Default),
-    b("apps", "v1", "deployments", "Deployment", true, FieldSet::Default),
-    b("apps", "v1", "replicasets", "ReplicaSet", true, FieldSet::Default),
-    b("apps", "v1", "daemonsets", "DaemonSet", true, FieldSet::Default),
-    b("apps", "v1", "statefulsets", "StatefulSet", true, FieldSet::Default),
-    b("apps", "v1", "controllerrevisions", "ControllerRevision", true, FieldSet::Default),
+    b(
+        "",
+        "v1",
+        "persistentvolumes",
+        "PersistentVolume",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "",
+        "v1",
+        "persistentvolumeclaims",
+        "PersistentVolumeClaim",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "",
+        "v1",
+        "replicationcontrollers",
+        "ReplicationController",
+        true,
+        FieldSet::ReplicationController,
+    ),
+    b(
+        "",
+        "v1",
+        "limitranges",
+        "LimitRange",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "",
+        "v1",
+        "resourcequotas",
+        "ResourceQuota",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "",
+        "v1",
+        "podtemplates",
+        "PodTemplate",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "apps",
+        "v1",
+        "replicasets",
+        "ReplicaSet",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "apps",
+        "v1",
+        "daemonsets",
+        "DaemonSet",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "apps",
+        "v1",
+        "statefulsets",
+        "StatefulSet",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "apps",
+        "v1",
+        "controllerrevisions",
+        "ControllerRevision",
+        true,
+        FieldSet::Default,
+    ),
     b("batch", "v1", "jobs", "Job", true, FieldSet::Job),
-    b("batch", "v1", "cronjobs", "CronJob", true, FieldSet::Default),
-    b("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", true, FieldSet::Default),
-    b("events.k8s.io", "v1", "events", "Event", true, FieldSet::EventsV1Event),
-    b("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", false, FieldSet::Default),
-    b("storage.k8s.io", "v1", "csidrivers", "CSIDriver", false, FieldSet::Default),
-    b("storage.k8s.io", "v1", "csinodes", "CSINode", false, FieldSet::Default),
-    b("storage.k8s.io", "v1", "storageclasses", "StorageClass", false, FieldSet::Default),
-    b("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", false, FieldSet::Default),
-    b("storage.k8s.io", "v1", "csistoragecapacities", "CSIStorageCapacity", true, FieldSet::Default),
-    b("coordination.k8s.io", "v1", "leases", "Lease", true, FieldSet::Default),
-    b("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true, FieldSet::Default),
-    b("networking.k8s.io", "v1", "ingresses", "Ingress", true, FieldSet::Default),
-    b("networking.k8s.io", "v1", "ingressclasses", "IngressClass", false, FieldSet::Default),
-    b("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true, FieldSet::Default),
-    b("rbac.authorization.k8s.io", "v1", "roles", "Role", true, FieldSet::Default),
-    b("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", true, FieldSet::Default),
-    b("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", false, FieldSet::Default),
-    b("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", false, FieldSet::Default),
-    b("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", false, FieldSet::Default),
-    b("certificates.k8s.io", "v1", "certificatesigningrequests", "CertificateSigningRequest", false, FieldSet::CertificateSigningRequest),
-    b("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, FieldSet::Default),
-    b("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration", false, FieldSet::Default),
-    b("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration", false, FieldSet::Default),
-    b("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", false, FieldSet::ResourceSlice),
-    b("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", true, FieldSet::Default),
-    b("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, FieldSet::Default),
+    b(
+        "batch",
+        "v1",
+        "cronjobs",
+        "CronJob",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        "EndpointSlice",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "Event",
+        true,
+        FieldSet::EventsV1Event,
+    ),
+    b(
+        "node.k8s.io",
+        "v1",
+        "runtimeclasses",
+        "RuntimeClass",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "csidrivers",
+        "CSIDriver",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "csinodes",
+        "CSINode",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "storageclasses",
+        "StorageClass",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "volumeattachments",
+        "VolumeAttachment",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "storage.k8s.io",
+        "v1",
+        "csistoragecapacities",
+        "CSIStorageCapacity",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "Lease",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "networking.k8s.io",
+        "v1",
+        "ingresses",
+        "Ingress",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "networking.k8s.io",
+        "v1",
+        "ingressclasses",
+        "IngressClass",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "roles",
+        "Role",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "rolebindings",
+        "RoleBinding",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterroles",
+        "ClusterRole",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "scheduling.k8s.io",
+        "v1",
+        "priorityclasses",
+        "PriorityClass",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "certificates.k8s.io",
+        "v1",
+        "certificatesigningrequests",
+        "CertificateSigningRequest",
+        false,
+        FieldSet::CertificateSigningRequest,
+    ),
+    b(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        "ResourceSlice",
+        false,
+        FieldSet::ResourceSlice,
+    ),
+    b(
+        "resource.k8s.io",
+        "v1",
+        "resourceclaims",
+        "ResourceClaim",
+        true,
+        FieldSet::Default,
+    ),
+    b(
+        "resource.k8s.io",
+        "v1",
+        "deviceclasses",
+        "DeviceClass",
+        false,
+        FieldSet::Default,
+    ),
 ];
 
 /// Groups served by kube-apiserver itself. Their list items are typed Go
@@ -284,24 +557,36 @@ impl FieldSet {
     /// The selectable fields of `object` (its JSON as the apiserver encodes
     /// it), as `ToSelectableFields` computes them. `namespaced` decides
     /// whether `metadata.namespace` is part of the set.
-    pub fn extract(self, object: &Value, namespaced: bool) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = Vec::with_capacity(4);
-        let mut put = |k: &str, v: String| out.push((k.to_string(), v));
+    pub fn extract(self, object: &Value, namespaced: bool) -> Vec<(&'static str, String)> {
+        let mut out: Vec<(&'static str, String)> = Vec::with_capacity(4);
+        let mut put = |k: &'static str, v: String| out.push((k, v));
         put("metadata.name", str_at(object, &["metadata", "name"]));
         if namespaced {
-            put("metadata.namespace", str_at(object, &["metadata", "namespace"]));
+            put(
+                "metadata.namespace",
+                str_at(object, &["metadata", "namespace"]),
+            );
         }
         match self {
             FieldSet::Default => {}
             FieldSet::Pod => {
                 put("spec.nodeName", str_at(object, &["spec", "nodeName"]));
-                put("spec.restartPolicy", str_at(object, &["spec", "restartPolicy"]));
-                put("spec.schedulerName", str_at(object, &["spec", "schedulerName"]));
+                put(
+                    "spec.restartPolicy",
+                    str_at(object, &["spec", "restartPolicy"]),
+                );
+                put(
+                    "spec.schedulerName",
+                    str_at(object, &["spec", "schedulerName"]),
+                );
                 put(
                     "spec.serviceAccountName",
                     str_at(object, &["spec", "serviceAccountName"]),
                 );
-                put("spec.hostNetwork", bool_at(object, &["spec", "hostNetwork"]));
+                put(
+                    "spec.hostNetwork",
+                    bool_at(object, &["spec", "hostNetwork"]),
+                );
                 put("status.phase", str_at(object, &["status", "phase"]));
                 let pod_ip = object
                     .pointer("/status/podIPs/0/ip")
@@ -314,7 +599,10 @@ impl FieldSet {
                     str_at(object, &["status", "nominatedNodeName"]),
                 );
             }
-            FieldSet::Node => put("spec.unschedulable", bool_at(object, &["spec", "unschedulable"])),
+            FieldSet::Node => put(
+                "spec.unschedulable",
+                bool_at(object, &["spec", "unschedulable"]),
+            ),
             FieldSet::Service => {
                 put("spec.clusterIP", str_at(object, &["spec", "clusterIP"]));
                 put("spec.type", str_at(object, &["spec", "type"]));
@@ -326,20 +614,29 @@ impl FieldSet {
             }
             FieldSet::CoreEvent | FieldSet::EventsV1Event => {
                 let (regarding, reporting, source_component) = if self == FieldSet::CoreEvent {
-                    ("involvedObject", "reportingComponent", ["source", "component"])
+                    (
+                        "involvedObject",
+                        "reportingComponent",
+                        ["source", "component"],
+                    )
                 } else {
-                    ("regarding", "reportingController", ["deprecatedSource", "component"])
+                    (
+                        "regarding",
+                        "reportingController",
+                        ["deprecatedSource", "component"],
+                    )
                 };
-                for f in [
-                    "kind",
-                    "namespace",
-                    "name",
-                    "uid",
-                    "apiVersion",
-                    "resourceVersion",
-                    "fieldPath",
-                ] {
-                    put(&format!("involvedObject.{f}"), str_at(object, &[regarding, f]));
+                const INVOLVED: [(&str, &str); 7] = [
+                    ("kind", "involvedObject.kind"),
+                    ("namespace", "involvedObject.namespace"),
+                    ("name", "involvedObject.name"),
+                    ("uid", "involvedObject.uid"),
+                    ("apiVersion", "involvedObject.apiVersion"),
+                    ("resourceVersion", "involvedObject.resourceVersion"),
+                    ("fieldPath", "involvedObject.fieldPath"),
+                ];
+                for (f, label) in INVOLVED {
+                    put(label, str_at(object, &[regarding, f]));
                 }
                 put("reason", str_at(object, &["reason"]));
                 let reporting_controller = str_at(object, &[reporting]);
@@ -351,7 +648,10 @@ impl FieldSet {
                 put("source", source);
                 put("type", str_at(object, &["type"]));
             }
-            FieldSet::Job => put("status.successful", int_at(object, &["status", "succeeded"])),
+            FieldSet::Job => put(
+                "status.successful",
+                int_at(object, &["status", "succeeded"]),
+            ),
             FieldSet::CertificateSigningRequest => {
                 put("spec.signerName", str_at(object, &["spec", "signerName"]))
             }
@@ -361,6 +661,11 @@ impl FieldSet {
             }
         }
         out
+    }
+
+    /// Whether the fields need more of the object than its metadata.
+    pub fn needs_body(self) -> bool {
+        self != FieldSet::Default
     }
 }
 
@@ -395,7 +700,8 @@ mod tests {
     use crate::selector::Pairs;
 
     fn conv(fs: FieldSet, s: &str) -> Result<String, String> {
-        fs.convert(&FieldSelector::parse(s).unwrap()).map(|s| s.to_string())
+        fs.convert(&FieldSelector::parse(s).unwrap())
+            .map(|s| s.to_string())
     }
 
     #[test]
@@ -408,7 +714,10 @@ mod tests {
             conv(FieldSet::Pod, "spec.foo=x").unwrap_err(),
             "field label not supported: spec.foo"
         );
-        assert_eq!(conv(FieldSet::Pod, "spec.host=n1").unwrap(), "spec.nodeName=n1");
+        assert_eq!(
+            conv(FieldSet::Pod, "spec.host=n1").unwrap(),
+            "spec.nodeName=n1"
+        );
         assert_eq!(
             conv(FieldSet::Node, "metadata.namespace=x").unwrap_err(),
             "field label not supported: metadata.namespace"
@@ -440,7 +749,10 @@ mod tests {
         let sel = FieldSet::Pod
             .convert(&FieldSelector::parse("status.podIPs=").unwrap())
             .unwrap();
-        assert!(sel.matches(&f), "status.podIPs is accepted but always empty");
+        assert!(
+            sel.matches(&f),
+            "status.podIPs is accepted but always empty"
+        );
     }
 
     #[test]

@@ -176,7 +176,11 @@ impl Status {
 
     /// `503 ServiceUnavailable`.
     pub fn service_unavailable(message: impl Into<String>) -> Self {
-        Status::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message)
+        Status::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            message,
+        )
     }
 
     /// `500 InternalError`.

@@ -279,7 +279,10 @@ impl<'a> Lexer<'a> {
         match last {
             Some((tok, end)) => {
                 self.pos = end;
-                (tok, String::from_utf8_lossy(&self.s[start..end]).into_owned())
+                (
+                    tok,
+                    String::from_utf8_lossy(&self.s[start..end]).into_owned(),
+                )
             }
             None => (
                 Token::Error,
@@ -369,9 +372,7 @@ impl Parser {
                             }
                         }
                         _ => {
-                            return Err(format!(
-                                "found '{l}', expected: ',' or 'end of string'"
-                            ));
+                            return Err(format!("found '{l}', expected: ',' or 'end of string'"));
                         }
                     }
                 }
@@ -511,12 +512,19 @@ fn validate_key(key: &str) -> Result<(), String> {
     } else {
         // The apiserver parses without a field path, so the path prints as
         // `(*field.Path)(nil).String()`, i.e. `<nil>`.
-        Err(format!("<nil>: Invalid value: {key:?}: {}", errs.join("; ")))
+        Err(format!(
+            "<nil>: Invalid value: {key:?}: {}",
+            errs.join("; ")
+        ))
     }
 }
 
 /// `NewRequirement`: validates operator arity and values.
-fn new_requirement(key: String, operator: Operator, values: Vec<String>) -> Result<Requirement, String> {
+fn new_requirement(
+    key: String,
+    operator: Operator,
+    values: Vec<String>,
+) -> Result<Requirement, String> {
     // The key was validated by the parser before the operator was read.
     let mut errs: Vec<String> = Vec::new();
     match operator {
@@ -614,7 +622,10 @@ mod tests {
         assert!(sel("!c").matches(&l));
         assert!(sel("a==1").matches(&l));
         assert!(sel("c!=1").matches(&l), "!= matches a missing key");
-        assert!(sel("c notin (1)").matches(&l), "notin matches a missing key");
+        assert!(
+            sel("c notin (1)").matches(&l),
+            "notin matches a missing key"
+        );
         assert!(!sel("c in (1)").matches(&l));
         assert!(sel("a>0").matches(&l));
         assert!(!sel("a<0").matches(&l));
@@ -641,8 +652,16 @@ mod tests {
             LabelSelector::parse("(").unwrap_err(),
             "found '(', expected: !, identifier, or 'end of string'"
         );
-        assert!(LabelSelector::parse("a>b").unwrap_err().contains("must be an integer"));
-        assert!(LabelSelector::parse("-a=1").unwrap_err().starts_with("unable to parse requirement: <nil>: Invalid value: \"-a\""));
+        assert!(
+            LabelSelector::parse("a>b")
+                .unwrap_err()
+                .contains("must be an integer")
+        );
+        assert!(
+            LabelSelector::parse("-a=1")
+                .unwrap_err()
+                .starts_with("unable to parse requirement: <nil>: Invalid value: \"-a\"")
+        );
         assert!(LabelSelector::parse("a=-1-").is_err());
         assert!(LabelSelector::parse("a=>1").is_err());
     }

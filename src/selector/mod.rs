@@ -10,7 +10,7 @@ mod field;
 mod label;
 mod validation;
 
-pub use field::{FieldRequirement, FieldSelector};
+pub use field::{FieldRequirement, FieldSelector, escape_value as escape_field_value};
 pub use label::{LabelSelector, Operator, Requirement};
 pub use validation::{is_dns1123_subdomain, is_qualified_name, is_valid_label_value};
 
@@ -35,5 +35,31 @@ impl Pairs for Vec<(String, String)> {
 impl Pairs for std::collections::BTreeMap<String, String> {
     fn get(&self, key: &str) -> Option<&str> {
         std::collections::BTreeMap::get(self, key).map(String::as_str)
+    }
+}
+
+impl Pairs for [(&'static str, String)] {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl Pairs for Vec<(&'static str, String)> {
+    fn get(&self, key: &str) -> Option<&str> {
+        Pairs::get(self.as_slice(), key)
+    }
+}
+
+impl Pairs for [(&'static str, Box<str>)] {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| *k == key).map(|(_, v)| &**v)
+    }
+}
+
+impl Pairs for [(Box<str>, Box<str>)] {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| &**k == key).map(|(_, v)| &**v)
     }
 }

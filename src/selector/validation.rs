@@ -7,7 +7,8 @@ const QUALIFIED_NAME_MAX: usize = 63;
 const LABEL_VALUE_FMT: &str = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?";
 const LABEL_VALUE_ERR: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
 const LABEL_VALUE_MAX: usize = 63;
-const DNS1123_SUBDOMAIN_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
+const DNS1123_SUBDOMAIN_FMT: &str =
+    "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
 const DNS1123_SUBDOMAIN_ERR: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
 const DNS1123_SUBDOMAIN_MAX: usize = 253;
 
@@ -43,7 +44,8 @@ fn matches_qualified_name(s: &str) -> bool {
         (Some(&f), Some(&l)) => {
             alnum(f)
                 && alnum(l)
-                && b.iter().all(|&c| alnum(c) || c == b'-' || c == b'_' || c == b'.')
+                && b.iter()
+                    .all(|&c| alnum(c) || c == b'-' || c == b'_' || c == b'.')
         }
         _ => false,
     }

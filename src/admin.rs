@@ -1,0 +1,131 @@
+//! The admin listener: plain HTTP on its own port, serving `/metrics`,
+//! `/healthz`, `/livez` and `/readyz`. It never serves cluster data.
+//!
+//! Health bodies follow kube-apiserver's format: `ok`, or with `?verbose`
+//! one `[+]check ok` / `[-]check failed: reason` line per check and a
+//! closing `readyz check passed` / `readyz check failed`; failures answer
+//! `500`, as the apiserver's health handlers do.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::body::{self, Body};
+use crate::metrics::Metrics;
+use crate::ready::Readiness;
+
+/// What the admin endpoints read.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub metrics: Metrics,
+    pub readiness: Readiness,
+}
+
+// === impl Admin ===
+
+impl Admin {
+    /// Serves admin requests on `listener` until `shutdown` is cancelled.
+    /// The admin port stays up during the drain so probes see not-ready.
+    pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) {
+        let admin = Arc::new(self);
+        loop {
+            let (tcp, _) = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(c) => c,
+                    Err(error) => {
+                        tracing::warn!(%error, "admin accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let admin = admin.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let admin = admin.clone();
+                    async move { Ok::<_, Infallible>(admin.handle(&req)) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let conn = builder.serve_connection(TokioIo::new(tcp), svc);
+                tokio::select! {
+                    _ = conn => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            });
+        }
+    }
+
+    /// Answers one admin request.
+    pub fn handle(&self, req: &Request<Incoming>) -> Response<Body> {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed\n".into(),
+            );
+        }
+        let verbose = req.uri().query().is_some_and(|q| {
+            q.split('&')
+                .any(|p| p == "verbose" || p.starts_with("verbose="))
+        });
+        match req.uri().path() {
+            "/metrics" => {
+                let mut r = text(StatusCode::OK, self.metrics.encode());
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                r
+            }
+            "/livez" | "/healthz" => health("livez", vec![("ping".into(), Ok(()))], verbose),
+            "/readyz" => {
+                let mut checks = vec![("ping".to_string(), Ok(()))];
+                checks.extend(self.readiness.report());
+                health("readyz", checks, verbose)
+            }
+            _ => text(StatusCode::NOT_FOUND, "404 page not found\n".into()),
+        }
+    }
+}
+
+fn health(kind: &str, checks: Vec<(String, Result<(), String>)>, verbose: bool) -> Response<Body> {
+    let failed = checks.iter().any(|(_, r)| r.is_err());
+    if !verbose && !failed {
+        return text(StatusCode::OK, "ok".into());
+    }
+    let mut out = String::new();
+    for (name, result) in &checks {
+        match result {
+            Ok(()) => out.push_str(&format!("[+]{name} ok\n")),
+            Err(reason) => out.push_str(&format!("[-]{name} failed: {reason}\n")),
+        }
+    }
+    if failed {
+        out.push_str(&format!("{kind} check failed\n"));
+        text(StatusCode::INTERNAL_SERVER_ERROR, out)
+    } else {
+        out.push_str(&format!("{kind} check passed\n"));
+        text(StatusCode::OK, out)
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Body> {
+    let mut r = Response::new(body::full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}

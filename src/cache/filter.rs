@@ -1,0 +1,124 @@
+//! What a list or watch selects: namespace, label selector and field
+//! selector, evaluated against the labels and fields extracted at ingest.
+
+use crate::selector::{FieldSelector, LabelSelector};
+
+use super::object::CachedObject;
+
+/// A request's selection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// The namespace of a namespaced request path.
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    /// Already converted for the resource (`FieldSet::convert`).
+    pub fields: FieldSelector,
+}
+
+/// The one dispatch index a watcher is filed under, most selective first.
+/// An event is offered only to watchers under its object's (and previous
+/// object's) keys and to unindexed watchers, so 5,000 kubelets each watching
+/// their node's pods cost one lookup per event, not 5,000 filter calls.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum IndexKey {
+    /// Pinned to one object: its storage key.
+    Name(Box<str>),
+    /// Pinned to `spec.nodeName` (pods).
+    Node(Box<str>),
+    /// Pinned to a namespace.
+    Namespace(Box<str>),
+    /// Anything.
+    None,
+}
+
+// === impl Filter ===
+
+impl Filter {
+    /// Whether the object is selected.
+    pub fn matches(&self, o: &CachedObject) -> bool {
+        if let Some(ns) = &self.namespace
+            && o.namespace() != ns
+        {
+            return false;
+        }
+        self.labels.matches(o.labels()) && self.fields.matches(o.fields())
+    }
+
+    /// Whether the selection is everything in its scope (no selectors), so
+    /// `remainingItemCount` may be reported.
+    pub fn is_unfiltered(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
+    /// The namespace the selection is limited to, by path or by an exact
+    /// `metadata.namespace` field selector.
+    pub fn single_namespace(&self) -> Option<&str> {
+        self.namespace
+            .as_deref()
+            .or_else(|| self.fields.requires_exact_match("metadata.namespace"))
+    }
+
+    /// The index to file a watcher under. `node_indexed`: the resource is
+    /// indexed by `spec.nodeName` (pods).
+    pub fn index_key(&self, node_indexed: bool, namespaced: bool) -> IndexKey {
+        if let Some(name) = self.fields.requires_exact_match("metadata.name") {
+            let key = match (namespaced, self.single_namespace()) {
+                (true, Some(ns)) => Some(format!("{ns}/{name}")),
+                (false, _) => Some(name.to_string()),
+                (true, None) => None,
+            };
+            if let Some(key) = key {
+                return IndexKey::Name(key.into_boxed_str());
+            }
+        }
+        if node_indexed && let Some(node) = self.fields.requires_exact_match("spec.nodeName") {
+            return IndexKey::Node(node.into());
+        }
+        match self.single_namespace() {
+            Some(ns) if namespaced => IndexKey::Namespace(ns.into()),
+            _ => IndexKey::None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(ns: Option<&str>, fields: &str) -> Filter {
+        Filter {
+            namespace: ns.map(str::to_string),
+            labels: LabelSelector::default(),
+            fields: FieldSelector::parse(fields).unwrap(),
+        }
+    }
+
+    #[test]
+    fn index_keys() {
+        assert_eq!(
+            filter(Some("ns"), "metadata.name=cm").index_key(false, true),
+            IndexKey::Name("ns/cm".into())
+        );
+        assert_eq!(
+            filter(None, "metadata.name=n1").index_key(false, false),
+            IndexKey::Name("n1".into())
+        );
+        assert_eq!(
+            filter(None, "spec.nodeName=n1").index_key(true, true),
+            IndexKey::Node("n1".into())
+        );
+        assert_eq!(
+            filter(None, "spec.nodeName=n1").index_key(false, true),
+            IndexKey::None
+        );
+        assert_eq!(
+            filter(None, "metadata.namespace=ns").index_key(true, true),
+            IndexKey::Namespace("ns".into())
+        );
+        assert_eq!(
+            filter(None, "metadata.name=x").index_key(true, true),
+            IndexKey::None,
+            "a name without a namespace pins nothing in a namespaced resource"
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! Watch-cache metrics, per resource (labels `group`, `resource`).
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+const NS: &str = "kube_cache_proxy";
+
+/// The metric families.
+#[derive(Clone)]
+pub struct CacheMetrics {
+    objects: IntGaugeVec,
+    bytes: IntGaugeVec,
+    history: IntGaugeVec,
+    resource_version: IntGaugeVec,
+    relists: IntCounterVec,
+    watch_restarts: IntCounterVec,
+    watchers: IntGaugeVec,
+    events_received: IntCounterVec,
+    events_dispatched: IntCounterVec,
+    watchers_terminated: IntCounterVec,
+    read_wait: HistogramVec,
+    reads: IntCounterVec,
+    consistency_probes: IntCounterVec,
+    progress_watches: IntCounterVec,
+}
+
+impl std::fmt::Debug for CacheMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheMetrics").finish_non_exhaustive()
+    }
+}
+
+/// One resource's metric handles.
+#[derive(Clone)]
+pub struct ResourceMetrics {
+    group: String,
+    resource: String,
+    families: CacheMetrics,
+    pub objects: IntGauge,
+    pub bytes: IntGauge,
+    pub history: IntGauge,
+    pub resource_version: IntGauge,
+    pub relists: IntCounter,
+    pub watchers: IntGauge,
+    pub events_dispatched: IntCounter,
+    pub progress_watches: IntCounter,
+}
+
+impl std::fmt::Debug for ResourceMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceMetrics")
+            .field("resource", &self.resource)
+            .finish_non_exhaustive()
+    }
+}
+
+fn gauge(name: &str, help: &str) -> Result<IntGaugeVec, prometheus::Error> {
+    IntGaugeVec::new(Opts::new(name, help).namespace(NS), &["group", "resource"])
+}
+
+fn counter(name: &str, help: &str, extra: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+    let mut labels = vec!["group", "resource"];
+    labels.extend_from_slice(extra);
+    IntCounterVec::new(Opts::new(name, help).namespace(NS), &labels)
+}
+
+// === impl CacheMetrics ===
+
+impl CacheMetrics {
+    /// Registers the families on `registry`.
+    ///
+    /// # Errors
+    /// When a family is already registered.
+    pub fn new(registry: &Registry) -> Result<CacheMetrics, prometheus::Error> {
+        let m = CacheMetrics {
+            objects: gauge("cache_objects", "Objects in the watch cache.")?,
+            bytes: gauge("cache_bytes", "Bytes held by the watch cache's current objects (their JSON plus extracted labels and fields).")?,
+            history: gauge("cache_history_events", "Events in the watch cache's history.")?,
+            resource_version: gauge("cache_resource_version", "The watch cache's resourceVersion (newest event or bookmark applied).")?,
+            relists: counter("upstream_relists_total", "Upstream lists (the first, and relists after 410 Gone).", &[])?,
+            watch_restarts: counter("upstream_watch_restarts_total", "Upstream watches restarted, by reason (closed|error|expired).", &["reason"])?,
+            watchers: gauge("cache_watchers", "Open watches served from the cache.")?,
+            events_received: counter("cache_events_received_total", "Events received from upstream, by type.", &["type"])?,
+            events_dispatched: counter("cache_events_dispatched_total", "Event frames queued to watchers (one per watcher an event reaches).", &[])?,
+            watchers_terminated: counter("cache_watchers_terminated_total", "Watchers closed by the cache, by reason (slow|history_overrun|reset).", &["reason"])?,
+            read_wait: HistogramVec::new(
+                HistogramOpts::new("cache_read_wait_seconds", "Time reads waited for the cache to be fresh or ready, in seconds, by kind (consistent|not_older_than|ready).")
+                    .namespace(NS)
+                    .buckets(vec![0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0]),
+                &["group", "resource", "kind"],
+            )?,
+            reads: counter("cache_reads_total", "Reads of cached resources, by verb and how they were answered (cache|upstream) and why.", &["verb", "source", "reason"])?,
+            consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes for consistent reads, by result (ok|error).", &["result"])?,
+            progress_watches: counter("cache_progress_watches_total", "Short upstream watches opened to learn the cache is fresh.", &[])?,
+        };
+        registry.register(Box::new(m.objects.clone()))?;
+        registry.register(Box::new(m.bytes.clone()))?;
+        registry.register(Box::new(m.history.clone()))?;
+        registry.register(Box::new(m.resource_version.clone()))?;
+        registry.register(Box::new(m.relists.clone()))?;
+        registry.register(Box::new(m.watch_restarts.clone()))?;
+        registry.register(Box::new(m.watchers.clone()))?;
+        registry.register(Box::new(m.events_received.clone()))?;
+        registry.register(Box::new(m.events_dispatched.clone()))?;
+        registry.register(Box::new(m.watchers_terminated.clone()))?;
+        registry.register(Box::new(m.read_wait.clone()))?;
+        registry.register(Box::new(m.reads.clone()))?;
+        registry.register(Box::new(m.consistency_probes.clone()))?;
+        registry.register(Box::new(m.progress_watches.clone()))?;
+        Ok(m)
+    }
+
+    /// Handles for one resource.
+    pub fn resource(&self, group: &str, resource: &str) -> ResourceMetrics {
+        let l = [group, resource];
+        ResourceMetrics {
+            group: group.to_string(),
+            resource: resource.to_string(),
+            families: self.clone(),
+            objects: self.objects.with_label_values(&l),
+            bytes: self.bytes.with_label_values(&l),
+            history: self.history.with_label_values(&l),
+            resource_version: self.resource_version.with_label_values(&l),
+            relists: self.relists.with_label_values(&l),
+            watchers: self.watchers.with_label_values(&l),
+            events_dispatched: self.events_dispatched.with_label_values(&l),
+            progress_watches: self.progress_watches.with_label_values(&l),
+        }
+    }
+}
+
+// === impl ResourceMetrics ===
+
+impl ResourceMetrics {
+    fn l3<'a>(&'a self, third: &'a str) -> [&'a str; 3] {
+        [&self.group, &self.resource, third]
+    }
+
+    /// Counts an upstream watch restart.
+    pub fn watch_restart(&self, reason: &str) {
+        self.families
+            .watch_restarts
+            .with_label_values(&self.l3(reason))
+            .inc();
+    }
+
+    /// Counts an upstream event.
+    pub fn event_received(&self, kind: &str) {
+        self.families
+            .events_received
+            .with_label_values(&self.l3(kind))
+            .inc();
+    }
+
+    /// Counts watchers closed by the cache.
+    pub fn watchers_terminated(&self, reason: &str, n: u64) {
+        if n > 0 {
+            self.families
+                .watchers_terminated
+                .with_label_values(&self.l3(reason))
+                .inc_by(n);
+        }
+    }
+
+    /// Observes a wait for freshness or readiness.
+    pub fn read_wait(&self, kind: &str, seconds: f64) {
+        self.families
+            .read_wait
+            .with_label_values(&self.l3(kind))
+            .observe(seconds);
+    }
+
+    /// Counts a read by how it was answered.
+    pub fn read(&self, verb: &str, source: &str, reason: &str) {
+        self.families
+            .reads
+            .with_label_values(&[&self.group, &self.resource, verb, source, reason])
+            .inc();
+    }
+
+    /// Counts a consistency probe.
+    pub fn probe(&self, result: &str) {
+        self.families
+            .consistency_probes
+            .with_label_values(&self.l3(result))
+            .inc();
+    }
+}

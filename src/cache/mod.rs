@@ -1,0 +1,155 @@
+//! The watch cache: per configured resource, a store of current objects
+//! and recent events fed by one upstream list+watch, answering list, get
+//! and watch exactly as kube-apiserver would (see [`serve`]).
+
+pub mod continue_token;
+pub mod event;
+pub mod filter;
+pub mod list;
+pub mod metrics;
+pub mod negotiate;
+pub mod object;
+pub mod query;
+pub mod reflector;
+pub mod resource;
+pub mod serve;
+pub mod store;
+pub mod watcher;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{CacheConfig, ConfigError};
+use crate::ready::Readiness;
+use crate::resource::{FieldSet, Gvr, built_in, is_built_in_group};
+use crate::upstream::Upstream;
+
+use self::metrics::CacheMetrics;
+use self::reflector::Reflector;
+use self::resource::{ReadSettings, ResourceCache, ResourceInfo};
+use self::store::Settings;
+
+/// Every configured resource's cache, by group, version and resource.
+#[derive(Debug, Default)]
+pub struct Caches {
+    by_gvr: HashMap<(String, String, String), Arc<ResourceCache>>,
+}
+
+// === impl Caches ===
+
+impl Caches {
+    /// Builds an (empty) cache per configured resource.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a resource that cannot be cached.
+    pub fn new(
+        config: &CacheConfig,
+        node_name: &str,
+        metrics: &CacheMetrics,
+    ) -> Result<Caches, ConfigError> {
+        let mut by_gvr = HashMap::new();
+        if !config.enabled {
+            return Ok(Caches { by_gvr });
+        }
+        let read = ReadSettings {
+            bookmark_interval: Duration::from_secs(config.bookmark_interval_seconds),
+            min_request_timeout: Duration::from_secs(config.min_request_timeout_seconds),
+            consistent_list_wait: Duration::from_millis(config.consistent_list_wait_milliseconds),
+            consistent_watch_wait: Duration::from_millis(config.consistent_watch_wait_milliseconds),
+            not_older_than_wait: Duration::from_millis(config.not_older_than_wait_milliseconds),
+            ready_wait: Duration::from_millis(config.ready_wait_milliseconds),
+        };
+        for (i, r) in config.resources.iter().enumerate() {
+            let known = built_in(&r.group, &r.version, &r.resource);
+            let kind = r
+                .kind
+                .clone()
+                .or_else(|| known.map(|b| b.kind.to_string()))
+                .ok_or_else(|| invalid(i, "kind", "required"))?;
+            let namespaced = r
+                .namespaced
+                .or_else(|| known.map(|b| b.namespaced))
+                .ok_or_else(|| invalid(i, "namespaced", "required"))?;
+            let field_set = FieldSet::of(&r.group, &r.version, &r.resource);
+            let scope = r
+                .scope(node_name)
+                .map_err(|m| invalid(i, "fieldSelector", &m))?;
+            let api_version = if r.group.is_empty() {
+                r.version.clone()
+            } else {
+                format!("{}/{}", r.group, r.version)
+            };
+            let info = ResourceInfo {
+                gvr: Gvr {
+                    group: r.group.clone(),
+                    version: r.version.clone(),
+                    resource: r.resource.clone(),
+                },
+                kind,
+                api_version,
+                namespaced,
+                field_set,
+                strip_item_type_meta: is_built_in_group(&r.group),
+                scope,
+            };
+            let store = Settings {
+                history_capacity: r.history_capacity.unwrap_or(config.history_capacity),
+                watcher_buffer: config.watcher_buffer_events,
+                blocked_budget: Duration::from_secs(config.slow_watcher_timeout_seconds),
+                node_indexed: field_set == FieldSet::Pod,
+                namespaced,
+                field_set,
+            };
+            let cache = ResourceCache::new(
+                info,
+                store,
+                read.clone(),
+                metrics.resource(&r.group, &r.resource),
+            );
+            by_gvr.insert(
+                (r.group.clone(), r.version.clone(), r.resource.clone()),
+                Arc::new(cache),
+            );
+        }
+        Ok(Caches { by_gvr })
+    }
+
+    /// The cache for a group, version and resource.
+    pub fn get(&self, group: &str, version: &str, resource: &str) -> Option<&Arc<ResourceCache>> {
+        self.by_gvr
+            .get(&(group.to_string(), version.to_string(), resource.to_string()))
+    }
+
+    /// Every cache.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<ResourceCache>> {
+        self.by_gvr.values()
+    }
+
+    /// Starts one reflector per cache.
+    pub fn spawn_reflectors(
+        &self,
+        upstream: &Upstream,
+        readiness: &Readiness,
+        shutdown: &CancellationToken,
+    ) {
+        for cache in self.by_gvr.values() {
+            let reflector = Reflector {
+                cache: cache.clone(),
+                upstream: upstream.clone(),
+                readiness: readiness.clone(),
+                shutdown: shutdown.clone(),
+            };
+            tokio::spawn(reflector.run());
+        }
+    }
+}
+
+fn invalid(i: usize, field: &str, message: &str) -> ConfigError {
+    ConfigError::Invalid {
+        field: format!("cache.resources[{i}].{field}"),
+        message: message.to_string(),
+    }
+}

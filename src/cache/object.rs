@@ -1,0 +1,407 @@
+//! One cached object: the exact JSON the apiserver sent, kept once and
+//! shared by every list and watcher, plus what requests filter on (labels
+//! and selectable fields), extracted once at ingest.
+//!
+//! Nothing is decoded or re-encoded per request. Two byte-level views are
+//! precomputed:
+//! - the list-item form: kube-apiserver omits `kind`/`apiVersion` from the
+//!   items of built-in lists, so the item is `{` + the bytes after those two
+//!   fields;
+//! - the span of `metadata.resourceVersion`, so a `DELETED` event that
+//!   carries the previous object "at the event's RV" is produced by
+//!   splicing, not by re-encoding.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::resource::FieldSet;
+use crate::selector::Pairs;
+
+/// Why an object from upstream could not be cached.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// Not a JSON object with `metadata`.
+    #[error("object is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// `metadata.resourceVersion` is missing or not an unsigned integer.
+    #[error("object {0:?} has no valid metadata.resourceVersion")]
+    ResourceVersion(String),
+    /// `metadata.name` is empty.
+    #[error("object has no metadata.name")]
+    Name,
+}
+
+/// Labels, sorted by key.
+pub type Labels = Box<[(Box<str>, Box<str>)]>;
+/// Selectable fields (`metadata.name`, `spec.nodeName`...).
+pub type Fields = Box<[(&'static str, Box<str>)]>;
+
+/// An object as cached.
+#[derive(Debug)]
+pub struct CachedObject {
+    /// Storage key: `namespace/name`, or `name` when cluster-scoped. Sorted
+    /// bytewise, this is the apiserver's list order.
+    key: Arc<str>,
+    /// Length of the namespace prefix of `key` (0 when cluster-scoped).
+    ns_len: u32,
+    /// `metadata.resourceVersion`.
+    pub rv: u64,
+    /// The full object, with `kind` and `apiVersion`.
+    json: Bytes,
+    /// Offset of the first field after `kind` and `apiVersion`, or 0 when the
+    /// object does not start with exactly those two.
+    item_offset: u32,
+    /// Byte range of the `metadata.resourceVersion` string's contents.
+    rv_span: (u32, u32),
+    labels: Labels,
+    fields: Fields,
+}
+
+#[derive(Deserialize)]
+struct Top<'a> {
+    #[serde(borrow)]
+    metadata: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct Meta<'a> {
+    #[serde(default, borrow)]
+    name: Cow<'a, str>,
+    #[serde(default, borrow)]
+    namespace: Cow<'a, str>,
+    #[serde(rename = "resourceVersion", borrow)]
+    resource_version: Option<&'a RawValue>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypeMeta<'a> {
+    #[serde(borrow, rename = "kind")]
+    _kind: Cow<'a, str>,
+    #[serde(borrow, rename = "apiVersion")]
+    _api_version: Cow<'a, str>,
+}
+
+/// Byte offset of `inner` within `outer`; `inner` must borrow from `outer`.
+fn offset_in(outer: &[u8], inner: &str) -> Option<usize> {
+    let start = outer.as_ptr() as usize;
+    let at = inner.as_ptr() as usize;
+    (at >= start && at + inner.len() <= start + outer.len()).then(|| at - start)
+}
+
+// === impl CachedObject ===
+
+impl CachedObject {
+    /// Ingests one object. `json` must be the complete object including
+    /// `kind` and `apiVersion`; it is copied into an allocation of its own
+    /// so that it never pins a larger read buffer.
+    ///
+    /// # Errors
+    /// [`IngestError`] when the object is malformed.
+    pub fn from_json(
+        json: &[u8],
+        field_set: FieldSet,
+        namespaced: bool,
+    ) -> Result<CachedObject, IngestError> {
+        let json = Bytes::copy_from_slice(json);
+        let top: Top<'_> = serde_json::from_slice(&json)?;
+        let meta: Meta<'_> = serde_json::from_str(top.metadata.get())?;
+        if meta.name.is_empty() {
+            return Err(IngestError::Name);
+        }
+        let rv_raw = meta
+            .resource_version
+            .ok_or_else(|| IngestError::ResourceVersion(meta.name.to_string()))?;
+        let rv_text = rv_raw.get();
+        let rv = rv_text
+            .strip_prefix('"')
+            .and_then(|s| s.strip_suffix('"'))
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| IngestError::ResourceVersion(meta.name.to_string()))?;
+        let rv_at = offset_in(&json, rv_text)
+            .ok_or_else(|| IngestError::ResourceVersion(meta.name.to_string()))?;
+        let rv_span = ((rv_at + 1) as u32, (rv_at + rv_text.len() - 1) as u32);
+        let item_offset = offset_in(&json, top.metadata.get())
+            .and_then(|m| item_offset(&json, m))
+            .unwrap_or(0) as u32;
+
+        let labels: Labels = meta
+            .labels
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+            .collect();
+        let fields: Fields = if field_set.needs_body() {
+            let value: serde_json::Value = serde_json::from_slice(&json)?;
+            field_set
+                .extract(&value, namespaced)
+                .into_iter()
+                .map(|(k, v)| (k, v.into_boxed_str()))
+                .collect()
+        } else {
+            let mut f = vec![("metadata.name", Box::from(&*meta.name))];
+            if namespaced {
+                f.push(("metadata.namespace", Box::from(&*meta.namespace)));
+            }
+            f.into_boxed_slice()
+        };
+        let (key, ns_len): (Arc<str>, u32) = if meta.namespace.is_empty() {
+            (Arc::from(&*meta.name), 0)
+        } else {
+            (
+                Arc::from(format!("{}/{}", meta.namespace, meta.name)),
+                meta.namespace.len() as u32,
+            )
+        };
+        Ok(CachedObject {
+            key,
+            ns_len,
+            rv,
+            json,
+            item_offset,
+            rv_span,
+            labels,
+            fields,
+        })
+    }
+
+    /// Ingests a list item, which for built-in types lacks `kind` and
+    /// `apiVersion`; they are prepended so the object can be sent in watch
+    /// events as the apiserver sends it.
+    ///
+    /// # Errors
+    /// [`IngestError`] when the item is malformed.
+    pub fn from_list_item(
+        item: &[u8],
+        kind: &str,
+        api_version: &str,
+        field_set: FieldSet,
+        namespaced: bool,
+    ) -> Result<CachedObject, IngestError> {
+        let has_type_meta = {
+            #[derive(Deserialize)]
+            struct Probe<'a> {
+                #[serde(borrow)]
+                kind: Option<&'a RawValue>,
+            }
+            serde_json::from_slice::<Probe<'_>>(item)?.kind.is_some()
+        };
+        if has_type_meta || item.first() != Some(&b'{') {
+            return CachedObject::from_json(item, field_set, namespaced);
+        }
+        let rest = &item[1..];
+        let mut full = Vec::with_capacity(item.len() + kind.len() + api_version.len() + 32);
+        full.extend_from_slice(b"{\"kind\":");
+        serde_json::to_writer(&mut full, kind)?;
+        full.extend_from_slice(b",\"apiVersion\":");
+        serde_json::to_writer(&mut full, api_version)?;
+        if rest.first() != Some(&b'}') {
+            full.push(b',');
+        }
+        full.extend_from_slice(rest);
+        CachedObject::from_json(&full, field_set, namespaced)
+    }
+
+    /// The storage key (`namespace/name` or `name`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The storage key, shared.
+    pub fn key_arc(&self) -> &Arc<str> {
+        &self.key
+    }
+
+    /// `metadata.namespace` (empty when cluster-scoped).
+    pub fn namespace(&self) -> &str {
+        &self.key[..self.ns_len as usize]
+    }
+
+    /// `metadata.name`.
+    pub fn name(&self) -> &str {
+        if self.ns_len == 0 {
+            &self.key
+        } else {
+            &self.key[self.ns_len as usize + 1..]
+        }
+    }
+
+    /// The object JSON with `kind` and `apiVersion`, as sent in watch
+    /// events and get responses.
+    pub fn json(&self) -> &Bytes {
+        &self.json
+    }
+
+    /// Appends the object as a list item: without `kind`/`apiVersion` when
+    /// `strip_type_meta` (built-in types) and the object starts with them.
+    pub fn write_item(&self, out: &mut BytesMut, strip_type_meta: bool) {
+        if strip_type_meta && self.item_offset > 0 {
+            out.put_u8(b'{');
+            out.extend_from_slice(&self.json[self.item_offset as usize..]);
+        } else {
+            out.extend_from_slice(&self.json);
+        }
+    }
+
+    /// The object with `metadata.resourceVersion` replaced by `rv`.
+    pub fn with_resource_version(&self, rv: u64) -> Bytes {
+        let (start, end) = (self.rv_span.0 as usize, self.rv_span.1 as usize);
+        let rv = rv.to_string();
+        let mut out = BytesMut::with_capacity(self.json.len() + rv.len());
+        out.extend_from_slice(&self.json[..start]);
+        out.extend_from_slice(rv.as_bytes());
+        out.extend_from_slice(&self.json[end..]);
+        out.freeze()
+    }
+
+    /// Labels, sorted by key.
+    pub fn labels(&self) -> &[(Box<str>, Box<str>)] {
+        &self.labels
+    }
+
+    /// Selectable fields.
+    pub fn fields(&self) -> &[(&'static str, Box<str>)] {
+        &self.fields
+    }
+
+    /// The value of a selectable field.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        Pairs::get(&*self.fields, name)
+    }
+
+    /// Bytes held by this object, for the `bytes` metric and memory
+    /// accounting: its JSON plus the extracted strings and bookkeeping.
+    pub fn heap_size(&self) -> usize {
+        let strings: usize = self
+            .labels
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 32)
+            .sum::<usize>()
+            + self.fields.iter().map(|(_, v)| v.len() + 32).sum::<usize>();
+        std::mem::size_of::<CachedObject>() + self.json.len() + self.key.len() + strings
+    }
+}
+
+/// Where the list-item form starts: the position of the `"metadata"` key,
+/// provided the object begins with exactly `kind` and `apiVersion`.
+fn item_offset(json: &[u8], metadata_value_at: usize) -> Option<usize> {
+    let before = &json[..metadata_value_at];
+    let key_at = before.windows(11).rposition(|w| w == b"\"metadata\":")?;
+    // Everything between the opening brace and the key must be exactly the
+    // two type-meta fields.
+    let head = json.get(1..key_at)?;
+    let head = head.strip_suffix(b",")?;
+    let mut probe = Vec::with_capacity(head.len() + 2);
+    probe.push(b'{');
+    probe.extend_from_slice(head);
+    probe.push(b'}');
+    serde_json::from_slice::<TypeMeta<'_>>(&probe).ok()?;
+    Some(key_at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CM: &str = r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"cm-0","namespace":"ns","uid":"u","resourceVersion":"326","labels":{"app":"a"}},"data":{"k":"0"}}"#;
+
+    #[test]
+    fn ingests_and_views() {
+        let o = CachedObject::from_json(CM.as_bytes(), FieldSet::Default, true).unwrap();
+        assert_eq!(
+            (o.key(), o.namespace(), o.name(), o.rv),
+            ("ns/cm-0", "ns", "cm-0", 326)
+        );
+        assert_eq!(Pairs::get(o.labels(), "app"), Some("a"));
+        assert_eq!(o.field("metadata.namespace"), Some("ns"));
+        let mut item = BytesMut::new();
+        o.write_item(&mut item, true);
+        assert_eq!(
+            std::str::from_utf8(&item).unwrap(),
+            r#"{"metadata":{"name":"cm-0","namespace":"ns","uid":"u","resourceVersion":"326","labels":{"app":"a"}},"data":{"k":"0"}}"#
+        );
+        let mut full = BytesMut::new();
+        o.write_item(&mut full, false);
+        assert_eq!(&full[..], CM.as_bytes());
+        assert_eq!(
+            std::str::from_utf8(&o.with_resource_version(339)).unwrap(),
+            CM.replace("\"326\"", "\"339\"")
+        );
+    }
+
+    #[test]
+    fn list_items_get_type_meta() {
+        let item =
+            r#"{"metadata":{"name":"n1","resourceVersion":"5"},"spec":{"unschedulable":true}}"#;
+        let o = CachedObject::from_list_item(item.as_bytes(), "Node", "v1", FieldSet::Node, false)
+            .unwrap();
+        assert!(
+            o.json()
+                .starts_with(br#"{"kind":"Node","apiVersion":"v1","metadata""#)
+        );
+        assert_eq!(o.field("spec.unschedulable"), Some("true"));
+        assert_eq!(o.namespace(), "");
+        assert_eq!(o.name(), "n1");
+        let mut out = BytesMut::new();
+        o.write_item(&mut out, true);
+        assert_eq!(&out[..], item.as_bytes());
+    }
+
+    #[test]
+    fn custom_resources_keep_their_order() {
+        let cr = r#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w","namespace":"ns","resourceVersion":"7"},"spec":{}}"#;
+        let o = CachedObject::from_list_item(
+            cr.as_bytes(),
+            "Widget",
+            "example.com/v1",
+            FieldSet::Default,
+            true,
+        )
+        .unwrap();
+        assert_eq!(&o.json()[..], cr.as_bytes());
+        let mut out = BytesMut::new();
+        o.write_item(&mut out, false);
+        assert_eq!(&out[..], cr.as_bytes());
+    }
+
+    #[test]
+    fn rejects_malformed() {
+        assert!(CachedObject::from_json(b"{", FieldSet::Default, true).is_err());
+        assert!(
+            CachedObject::from_json(br#"{"metadata":{"name":"x"}}"#, FieldSet::Default, true)
+                .is_err()
+        );
+        assert!(
+            CachedObject::from_json(
+                br#"{"metadata":{"name":"x","resourceVersion":"a"}}"#,
+                FieldSet::Default,
+                true
+            )
+            .is_err()
+        );
+        assert!(
+            CachedObject::from_json(
+                br#"{"metadata":{"resourceVersion":"1"}}"#,
+                FieldSet::Default,
+                true
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn pod_fields_from_body() {
+        let pod = r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns","resourceVersion":"9"},"spec":{"nodeName":"n1"},"status":{"phase":"Running"}}"#;
+        let o = CachedObject::from_json(pod.as_bytes(), FieldSet::Pod, true).unwrap();
+        assert_eq!(o.field("spec.nodeName"), Some("n1"));
+        assert_eq!(o.field("status.phase"), Some("Running"));
+        assert_eq!(o.field("spec.hostNetwork"), Some("false"));
+    }
+}

@@ -1,0 +1,468 @@
+//! The upstream side of one resource's cache: a reflector that lists
+//! (paginated, consistent), then watches from the list's RV with
+//! `allowWatchBookmarks=true`. A dropped or timed-out watch resumes from the
+//! cache's RV; `410 Gone` relists (and the store turns the difference into
+//! events, so downstream watchers carry on). Failures back off
+//! exponentially with jitter.
+//!
+//! Two short upstream requests support consistent reads:
+//! - [`probe_rv`]: a `limit=1` list whose RV is upstream's current RV;
+//! - a *progress watch*, opened when a reader waits for an RV the cache has
+//!   not reached: a watch from the cache's RV with `timeoutSeconds=3`, so
+//!   upstream sends its pre-timeout bookmark about a second later. Every
+//!   event up to that bookmark's RV has then been seen on this stream, so
+//!   the cache may advance to it even when the resource is quiet. Events
+//!   arriving on both streams are applied once (older ones are ignored).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use http::{HeaderValue, Request, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
+
+use crate::body;
+use crate::ready::Readiness;
+use crate::upstream::{Credentials, Upstream, error_chain};
+
+use super::event::EventType;
+use super::object::CachedObject;
+use super::resource::{ResourceCache, ResourceInfo};
+
+/// Items per upstream list page.
+const PAGE_SIZE: u32 = 500;
+/// Largest list page or probe body read, in bytes.
+const MAX_LIST_PAGE_BYTES: usize = 1 << 30;
+/// Longest watch event line, in bytes (objects are at most ~1.5 MiB in etcd).
+const MAX_EVENT_BYTES: usize = 64 << 20;
+
+/// Why an upstream interaction failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReflectorError {
+    /// The request did not get a response.
+    #[error("{0}")]
+    Upstream(String),
+    /// Upstream answered with an unexpected status.
+    #[error("upstream answered {status}: {message}")]
+    Status { status: StatusCode, message: String },
+    /// The resourceVersion is too old (`410`): relist.
+    #[error("resource version expired: {0}")]
+    Expired(String),
+    /// The body was not what the apiserver sends.
+    #[error("malformed upstream response: {0}")]
+    Malformed(String),
+}
+
+#[derive(Deserialize)]
+struct ListBody<'a> {
+    #[serde(borrow)]
+    metadata: ListMeta<'a>,
+    #[serde(borrow, default)]
+    items: Vec<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ListMeta<'a> {
+    #[serde(rename = "resourceVersion", borrow, default)]
+    resource_version: Cow<'a, str>,
+    #[serde(rename = "continue", borrow, default)]
+    continue_token: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct WireEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    object: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct BookmarkObject<'a> {
+    #[serde(borrow)]
+    metadata: ListMeta<'a>,
+}
+
+#[derive(Deserialize)]
+struct WireStatus {
+    #[serde(default)]
+    code: u16,
+    #[serde(default)]
+    message: String,
+}
+
+/// What ended a watch stream.
+enum WatchEnd {
+    /// A clean end (upstream timeout): resume from the cache's RV.
+    Closed,
+    /// A progress watch got its bookmark.
+    Progressed,
+}
+
+/// Exponential backoff with jitter: 0.2 s doubling up to 30 s, each delay
+/// drawn from [50 %, 150 %] of the nominal value.
+#[derive(Debug, Default)]
+struct Backoff {
+    attempt: u32,
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let nominal = (0.2 * 2f64.powi(self.attempt.min(8) as i32)).min(30.0);
+        self.attempt += 1;
+        Duration::from_secs_f64(nominal * (0.5 + fastrand::f64()))
+    }
+
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// Runs one resource's reflector until `shutdown`.
+#[derive(Debug, Clone)]
+pub struct Reflector {
+    pub cache: Arc<ResourceCache>,
+    pub upstream: Upstream,
+    pub readiness: Readiness,
+    pub shutdown: CancellationToken,
+}
+
+// === impl Reflector ===
+
+impl Reflector {
+    fn check_name(&self) -> String {
+        let gvr = &self.cache.info().gvr;
+        if gvr.group.is_empty() {
+            format!("cache:{}", gvr.resource)
+        } else {
+            format!("cache:{}.{}", gvr.resource, gvr.group)
+        }
+    }
+
+    /// Lists and watches until shutdown.
+    pub async fn run(self) {
+        let check = self.check_name();
+        self.readiness.register(&check, "initial list not done");
+        let progress = tokio::spawn(self.clone().progress_loop());
+        let mut backoff = Backoff::default();
+        'relist: loop {
+            if self.shutdown.is_cancelled() {
+                break;
+            }
+            match self.list().await {
+                Ok(()) => {
+                    backoff.reset();
+                    self.readiness.set(&check, Ok(()));
+                }
+                Err(error) => {
+                    tracing::warn!(resource = %check, %error, "upstream list failed");
+                    if !self.cache.is_synced() {
+                        self.readiness
+                            .set(&check, Err(format!("initial list not done: {error}")));
+                    }
+                    if !self.sleep(backoff.next()).await {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            loop {
+                let rv = self.cache.rv();
+                let timeout = 300 + fastrand::u64(0..300);
+                let result = tokio::select! {
+                    _ = self.shutdown.cancelled() => break 'relist,
+                    r = self.watch(rv, timeout, false) => r,
+                };
+                match result {
+                    Ok(_) => {
+                        self.cache.metrics.watch_restart("closed");
+                        backoff.reset();
+                    }
+                    Err(ReflectorError::Expired(message)) => {
+                        self.cache.metrics.watch_restart("expired");
+                        tracing::info!(resource = %check, %message, "upstream watch expired; relisting");
+                        continue 'relist;
+                    }
+                    Err(error) => {
+                        self.cache.metrics.watch_restart("error");
+                        tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
+                        if !self.sleep(backoff.next()).await {
+                            break 'relist;
+                        }
+                    }
+                }
+            }
+        }
+        progress.abort();
+    }
+
+    /// Sleeps unless shut down first; returns whether to go on.
+    async fn sleep(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(d) => true,
+        }
+    }
+
+    /// Opens progress watches while readers wait for freshness.
+    async fn progress_loop(self) {
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = self.cache.progress_wanted() => {}
+            }
+            if !self.cache.is_synced() {
+                continue;
+            }
+            self.cache.metrics.progress_watches.inc();
+            let rv = self.cache.rv();
+            match self.watch(rv, 3, true).await {
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "progress watch failed");
+                    // Do not spin when upstream is failing.
+                    if !self.sleep(Duration::from_millis(500)).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn query(&self, extra: &str) -> String {
+        let info = self.cache.info();
+        let mut q = format!("{}?{extra}", info.collection_path());
+        if !info.scope.is_empty() {
+            q.push_str("&fieldSelector=");
+            q.push_str(
+                &percent_encoding::utf8_percent_encode(&info.scope.to_string(), QUERY).to_string(),
+            );
+        }
+        q
+    }
+
+    async fn list(&self) -> Result<(), ReflectorError> {
+        let info = self.cache.info().clone();
+        let mut items = Vec::new();
+        let mut continue_token: Option<String> = None;
+        let mut list_rv = 0;
+        loop {
+            let mut extra = format!("limit={PAGE_SIZE}");
+            if let Some(c) = &continue_token {
+                extra.push_str("&continue=");
+                extra.push_str(&percent_encoding::utf8_percent_encode(c, QUERY).to_string());
+            }
+            let resp = get(&self.upstream, &self.query(&extra)).await?;
+            let bytes = read_body(resp).await?;
+            let page: ListBody<'_> = serde_json::from_slice(&bytes)
+                .map_err(|e| ReflectorError::Malformed(e.to_string()))?;
+            if continue_token.is_none() {
+                list_rv =
+                    page.metadata.resource_version.parse().map_err(|_| {
+                        ReflectorError::Malformed("list has no resourceVersion".into())
+                    })?;
+            }
+            for item in page.items {
+                match CachedObject::from_list_item(
+                    item.get().as_bytes(),
+                    &info.kind,
+                    &info.api_version,
+                    info.field_set,
+                    info.namespaced,
+                ) {
+                    Ok(o) => items.push(o),
+                    Err(error) => tracing::warn!(%error, "skipping malformed list item"),
+                }
+            }
+            continue_token = page
+                .metadata
+                .continue_token
+                .filter(|c| !c.is_empty())
+                .map(Cow::into_owned);
+            if continue_token.is_none() {
+                break;
+            }
+        }
+        self.cache.metrics.relists.inc();
+        tracing::info!(resource = %info.gvr.resource, objects = items.len(), rv = list_rv, "listed from upstream");
+        self.cache.replace(items, list_rv);
+        Ok(())
+    }
+
+    /// Watches from `rv`; with `progress`, returns at the first bookmark.
+    async fn watch(
+        &self,
+        rv: u64,
+        timeout_seconds: u64,
+        progress: bool,
+    ) -> Result<WatchEnd, ReflectorError> {
+        let extra = format!(
+            "watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds={timeout_seconds}"
+        );
+        let resp = get(&self.upstream, &self.query(&extra)).await?;
+        let mut body = resp.into_body();
+        let mut buf = BytesMut::new();
+        loop {
+            let Some(frame) = body.frame().await else {
+                return Ok(WatchEnd::Closed);
+            };
+            let frame = frame.map_err(|e| ReflectorError::Upstream(error_chain(&e)))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.extend_from_slice(&data);
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let line = buf.split_to(pos + 1);
+                if self.handle_line(&line[..pos])? && progress {
+                    return Ok(WatchEnd::Progressed);
+                }
+            }
+            if buf.len() > MAX_EVENT_BYTES {
+                return Err(ReflectorError::Malformed("watch event too large".into()));
+            }
+        }
+    }
+
+    /// Applies one watch event line. Returns whether it was a bookmark.
+    fn handle_line(&self, line: &[u8]) -> Result<bool, ReflectorError> {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(false);
+        }
+        let event: WireEvent<'_> =
+            serde_json::from_slice(line).map_err(|e| ReflectorError::Malformed(e.to_string()))?;
+        let info = self.cache.info();
+        let kind = match event.kind.as_ref() {
+            "ADDED" => EventType::Added,
+            "MODIFIED" => EventType::Modified,
+            "DELETED" => EventType::Deleted,
+            "BOOKMARK" => {
+                let b: BookmarkObject<'_> = serde_json::from_str(event.object.get())
+                    .map_err(|e| ReflectorError::Malformed(e.to_string()))?;
+                if let Ok(rv) = b.metadata.resource_version.parse::<u64>() {
+                    self.cache
+                        .set_bookmark_template(event.object.get().as_bytes());
+                    self.cache.progress(rv);
+                }
+                self.cache.metrics.event_received("BOOKMARK");
+                return Ok(true);
+            }
+            "ERROR" => {
+                let s: WireStatus =
+                    serde_json::from_str(event.object.get()).unwrap_or(WireStatus {
+                        code: 0,
+                        message: event.object.get().to_string(),
+                    });
+                return Err(if s.code == 410 {
+                    ReflectorError::Expired(s.message)
+                } else {
+                    ReflectorError::Status {
+                        status: StatusCode::from_u16(s.code)
+                            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                        message: s.message,
+                    }
+                });
+            }
+            other => {
+                return Err(ReflectorError::Malformed(format!(
+                    "unknown event type {other:?}"
+                )));
+            }
+        };
+        self.cache.metrics.event_received(kind.as_str());
+        match CachedObject::from_json(
+            event.object.get().as_bytes(),
+            info.field_set,
+            info.namespaced,
+        ) {
+            Ok(o) => self.cache.apply(kind, o),
+            Err(error) => tracing::warn!(%error, "skipping malformed watch event"),
+        }
+        Ok(false)
+    }
+}
+
+/// Characters escaped in query values.
+const QUERY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// A GET upstream with the proxy's credentials, expecting `200`.
+async fn get(
+    upstream: &Upstream,
+    path_and_query: &str,
+) -> Result<http::Response<Incoming>, ReflectorError> {
+    let pq = path_and_query
+        .parse()
+        .map_err(|e| ReflectorError::Upstream(format!("invalid path: {e}")))?;
+    let uri = upstream
+        .uri(Some(&pq))
+        .map_err(|e| ReflectorError::Upstream(e.to_string()))?;
+    let mut req = Request::get(uri)
+        .body(body::empty())
+        .map_err(|e| ReflectorError::Upstream(e.to_string()))?;
+    req.headers_mut()
+        .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+    req.headers_mut().insert(
+        header::USER_AGENT,
+        HeaderValue::from_static(concat!("kube-cache-proxy/", env!("CARGO_PKG_VERSION"))),
+    );
+    let resp = upstream
+        .send(req, Credentials::Proxy)
+        .await
+        .map_err(|e| ReflectorError::Upstream(e.to_string()))?;
+    if resp.status() == StatusCode::OK {
+        return Ok(resp);
+    }
+    let status = resp.status();
+    let bytes = read_body(resp).await.unwrap_or_default();
+    let message = serde_json::from_slice::<WireStatus>(&bytes)
+        .map(|s| s.message)
+        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+    if status == StatusCode::GONE {
+        return Err(ReflectorError::Expired(message));
+    }
+    Err(ReflectorError::Status { status, message })
+}
+
+async fn read_body(resp: http::Response<Incoming>) -> Result<bytes::Bytes, ReflectorError> {
+    Limited::new(resp.into_body(), MAX_LIST_PAGE_BYTES)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| ReflectorError::Upstream(e.to_string()))
+}
+
+/// Upstream's current resourceVersion: a `limit=1` list, which on
+/// kube-apiserver 1.31+ is a consistent read served from its own watch
+/// cache, so it is cheap.
+pub fn probe_rv(
+    upstream: Upstream,
+    info: &ResourceInfo,
+) -> BoxFuture<'static, Result<u64, String>> {
+    let mut q = format!("{}?limit=1", info.collection_path());
+    if !info.scope.is_empty() {
+        q.push_str("&fieldSelector=");
+        q.push_str(
+            &percent_encoding::utf8_percent_encode(&info.scope.to_string(), QUERY).to_string(),
+        );
+    }
+    async move {
+        let resp = get(&upstream, &q).await.map_err(|e| e.to_string())?;
+        let bytes = read_body(resp).await.map_err(|e| e.to_string())?;
+        let page: ListBody<'_> = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        page.metadata
+            .resource_version
+            .parse::<u64>()
+            .map_err(|_| "probe list has no resourceVersion".to_string())
+    }
+    .boxed()
+}

@@ -1,0 +1,434 @@
+//! One resource's watch cache: the store, its freshness (the cache RV as a
+//! `watch` channel readers can wait on), bookmark frames, snapshots at
+//! older versions for `Exact` and continued lists, and the coalesced
+//! upstream probe behind consistent reads.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
+use parking_lot::{Mutex, MutexGuard};
+use serde_json::Value;
+use tokio::sync::{Notify, watch};
+
+use crate::resource::{FieldSet, Gvr};
+use crate::selector::FieldSelector;
+
+use super::event::{EventType, frame};
+use super::metrics::ResourceMetrics;
+use super::object::CachedObject;
+use super::store::{Objects, Outcome, Settings, State};
+
+/// What the cache knows about its resource.
+#[derive(Debug, Clone)]
+pub struct ResourceInfo {
+    pub gvr: Gvr,
+    /// `Pod`.
+    pub kind: String,
+    /// `v1` or `group/version`.
+    pub api_version: String,
+    pub namespaced: bool,
+    pub field_set: FieldSet,
+    /// Whether list items omit `kind`/`apiVersion` (built-in types).
+    pub strip_item_type_meta: bool,
+    /// The upstream field selector the cache is limited to (empty: all).
+    pub scope: FieldSelector,
+}
+
+impl ResourceInfo {
+    /// `PodList`.
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// The collection path: `/api/v1/pods`, `/apis/apps/v1/deployments`.
+    pub fn collection_path(&self) -> String {
+        if self.gvr.group.is_empty() {
+            format!("/api/{}/{}", self.gvr.version, self.gvr.resource)
+        } else {
+            format!(
+                "/apis/{}/{}/{}",
+                self.gvr.group, self.gvr.version, self.gvr.resource
+            )
+        }
+    }
+}
+
+/// Timing and sizing of reads.
+#[derive(Debug, Clone)]
+pub struct ReadSettings {
+    /// Bookmark frequency for watchers that allow bookmarks.
+    pub bookmark_interval: Duration,
+    /// Watches without `timeoutSeconds` end after a random time in
+    /// `[min_request_timeout, 2 × min_request_timeout)`.
+    pub min_request_timeout: Duration,
+    /// How long a consistent list or get waits for the cache to reach
+    /// upstream's RV before passing through.
+    pub consistent_list_wait: Duration,
+    /// How long a consistent watch (streaming list) waits before passing
+    /// through.
+    pub consistent_watch_wait: Duration,
+    /// How long a read "not older than N" waits before `504`.
+    pub not_older_than_wait: Duration,
+    /// How long a read waits for the first list before passing through.
+    pub ready_wait: Duration,
+}
+
+type Probe = Shared<BoxFuture<'static, Result<u64, String>>>;
+
+/// A resource's cache.
+pub struct ResourceCache {
+    info: ResourceInfo,
+    pub read: ReadSettings,
+    state: Mutex<State>,
+    rv: watch::Sender<u64>,
+    synced: watch::Sender<bool>,
+    progress_wanted: Notify,
+    bookmark_template: Mutex<Option<Value>>,
+    snapshots: moka::sync::Cache<u64, Objects>,
+    probe: Mutex<Option<(Instant, Probe)>>,
+    pub metrics: ResourceMetrics,
+}
+
+impl std::fmt::Debug for ResourceCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceCache")
+            .field("gvr", &self.info.gvr)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl ResourceCache ===
+
+impl ResourceCache {
+    /// An empty cache, to be filled by its reflector.
+    pub fn new(
+        info: ResourceInfo,
+        store: Settings,
+        read: ReadSettings,
+        metrics: ResourceMetrics,
+    ) -> ResourceCache {
+        let (rv, _) = watch::channel(0);
+        let (synced, _) = watch::channel(false);
+        ResourceCache {
+            info,
+            read,
+            state: Mutex::new(State::new(store)),
+            rv,
+            synced,
+            progress_wanted: Notify::new(),
+            bookmark_template: Mutex::new(None),
+            // Reconstructed snapshots, so paging through a list at one RV
+            // does not rebuild it per page.
+            snapshots: moka::sync::Cache::builder()
+                .max_capacity(8)
+                .time_to_live(Duration::from_secs(60))
+                .build(),
+            probe: Mutex::new(None),
+            metrics,
+        }
+    }
+
+    /// What the cache holds.
+    pub fn info(&self) -> &ResourceInfo {
+        &self.info
+    }
+
+    /// The store, locked. Never hold across an `.await`.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    /// The cache's resourceVersion.
+    pub fn rv(&self) -> u64 {
+        *self.rv.borrow()
+    }
+
+    /// Whether the first list has landed.
+    pub fn is_synced(&self) -> bool {
+        self.state.lock().is_synced()
+    }
+
+    // --- writer side (the reflector) ---
+
+    /// Fills (first list) or reconciles (relist) the cache.
+    pub fn replace(&self, items: Vec<CachedObject>, list_rv: u64) {
+        let outcome = {
+            let mut s = self.state.lock();
+            let o = s.replace(items, list_rv, Instant::now());
+            self.observe(&s, &o);
+            o
+        };
+        self.snapshots.invalidate_all();
+        self.synced
+            .send_if_modified(|s| !std::mem::replace(s, true));
+        tracing::debug!(resource = %self.info.gvr.resource, rv = list_rv, events = outcome.events, "cache replaced from list");
+    }
+
+    /// Applies an upstream event.
+    pub fn apply(&self, kind: EventType, object: CachedObject) {
+        let mut s = self.state.lock();
+        let o = s.apply(kind, object, Instant::now());
+        self.observe(&s, &o);
+    }
+
+    /// Applies upstream progress (a bookmark).
+    pub fn progress(&self, rv: u64) {
+        let mut s = self.state.lock();
+        if s.progress(rv) {
+            self.observe(&s, &Outcome::default());
+        }
+    }
+
+    fn observe(&self, s: &State, o: &Outcome) {
+        let m = &self.metrics;
+        m.objects.set(s.objects().len() as i64);
+        m.bytes.set(s.bytes() as i64);
+        m.history.set(s.history_len() as i64);
+        m.resource_version
+            .set(i64::try_from(s.rv()).unwrap_or(i64::MAX));
+        m.watchers.set(s.watcher_count() as i64);
+        m.events_dispatched.inc_by(o.dispatched);
+        m.watchers_terminated("slow", o.closed_slow);
+        m.watchers_terminated("history_overrun", o.closed_overrun);
+        m.watchers_terminated("reset", o.closed_reset);
+        let rv = s.rv();
+        self.rv.send_if_modified(|cur| {
+            let moved = *cur != rv;
+            *cur = rv;
+            moved
+        });
+    }
+
+    /// Updates the watcher gauge after a watcher left.
+    pub(crate) fn watcher_left(&self, id: u64) {
+        let mut s = self.state.lock();
+        s.unregister(id);
+        self.metrics.watchers.set(s.watcher_count() as i64);
+    }
+
+    /// Remembers the shape of upstream's bookmark objects (the apiserver
+    /// encodes an empty object of the kind), so the cache's bookmarks look
+    /// the same.
+    pub fn set_bookmark_template(&self, object: &[u8]) {
+        let mut t = self.bookmark_template.lock();
+        if t.is_none()
+            && let Ok(v) = serde_json::from_slice::<Value>(object)
+            && v.get("metadata").is_some_and(Value::is_object)
+        {
+            *t = Some(v);
+        }
+    }
+
+    /// A `BOOKMARK` frame at `rv`; with `initial_events_end`, annotated
+    /// `k8s.io/initial-events-end: "true"` as the end of a streaming list's
+    /// initial events.
+    pub fn bookmark_frame(&self, rv: u64, initial_events_end: bool) -> Bytes {
+        let mut object = self.bookmark_template.lock().clone().unwrap_or_else(|| {
+            serde_json::json!({
+                "kind": self.info.kind,
+                "apiVersion": self.info.api_version,
+                "metadata": {"resourceVersion": ""},
+            })
+        });
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+            meta.remove("annotations");
+            if initial_events_end {
+                meta.insert(
+                    "annotations".into(),
+                    serde_json::json!({"k8s.io/initial-events-end": "true"}),
+                );
+            }
+        }
+        frame("BOOKMARK", &serde_json::to_vec(&object).unwrap_or_default())
+    }
+
+    // --- reader side ---
+
+    /// The state at exactly `rv`, if the history reaches back that far.
+    pub fn snapshot_at(&self, rv: u64) -> Option<Objects> {
+        if let Some(s) = self.snapshots.get(&rv) {
+            return Some(s);
+        }
+        let snapshot = self.state.lock().snapshot_at(rv)?;
+        self.snapshots.insert(rv, snapshot.clone());
+        Some(snapshot)
+    }
+
+    /// Waits until the cache's RV is at least `target`, for at most
+    /// `timeout`, asking the reflector for progress meanwhile. Returns
+    /// whether it got there. `kind` labels the wait metric.
+    pub async fn wait_fresh(&self, target: u64, timeout: Duration, kind: &str) -> bool {
+        if self.rv() >= target {
+            return true;
+        }
+        let start = Instant::now();
+        self.progress_wanted.notify_one();
+        let mut rx = self.rv.subscribe();
+        let reached = tokio::time::timeout(timeout, rx.wait_for(|rv| *rv >= target))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        self.metrics.read_wait(kind, start.elapsed().as_secs_f64());
+        reached
+    }
+
+    /// Waits for the first list to land, for at most `timeout`. Returns
+    /// whether the cache is synced.
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        if *self.synced.borrow() {
+            return true;
+        }
+        let start = Instant::now();
+        let mut rx = self.synced.subscribe();
+        let ok = tokio::time::timeout(timeout, rx.wait_for(|s| *s))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        self.metrics
+            .read_wait("ready", start.elapsed().as_secs_f64());
+        ok
+    }
+
+    /// Resolves when a reader waits for freshness the cache lacks.
+    pub async fn progress_wanted(&self) {
+        self.progress_wanted.notified().await;
+    }
+
+    /// Upstream's current resourceVersion, from a probe that started no
+    /// earlier than `arrived`: a probe already in flight that began after
+    /// the request arrived is shared (it reflects every write completed
+    /// before the request), otherwise a new one starts.
+    ///
+    /// # Errors
+    /// The probe's failure, as text.
+    pub async fn upstream_rv(
+        &self,
+        arrived: Instant,
+        start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, String>>,
+    ) -> Result<u64, String> {
+        let probe = {
+            let mut slot = self.probe.lock();
+            match &*slot {
+                Some((started, p)) if *started >= arrived => p.clone(),
+                _ => {
+                    let p = start_probe().shared();
+                    *slot = Some((Instant::now(), p.clone()));
+                    p
+                }
+            }
+        };
+        let result = probe.await;
+        self.metrics
+            .probe(if result.is_ok() { "ok" } else { "error" });
+        result
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::cache::metrics::CacheMetrics;
+    use std::sync::Arc;
+
+    pub(crate) fn test_cache() -> ResourceCache {
+        let metrics = CacheMetrics::new(&prometheus::Registry::new()).unwrap();
+        ResourceCache::new(
+            ResourceInfo {
+                gvr: Gvr {
+                    group: String::new(),
+                    version: "v1".into(),
+                    resource: "configmaps".into(),
+                },
+                kind: "ConfigMap".into(),
+                api_version: "v1".into(),
+                namespaced: true,
+                field_set: FieldSet::Default,
+                strip_item_type_meta: true,
+                scope: FieldSelector::default(),
+            },
+            Settings {
+                history_capacity: 100,
+                watcher_buffer: 10,
+                blocked_budget: Duration::from_secs(10),
+                node_indexed: false,
+                namespaced: true,
+                field_set: FieldSet::Default,
+            },
+            ReadSettings {
+                bookmark_interval: Duration::from_secs(60),
+                min_request_timeout: Duration::from_secs(1800),
+                consistent_list_wait: Duration::from_millis(250),
+                consistent_watch_wait: Duration::from_secs(3),
+                not_older_than_wait: Duration::from_secs(3),
+                ready_wait: Duration::from_secs(5),
+            },
+            metrics.resource("", "configmaps"),
+        )
+    }
+
+    #[test]
+    fn bookmark_matches_recording() {
+        let c = test_cache();
+        assert_eq!(
+            std::str::from_utf8(&c.bookmark_frame(339, true)).unwrap(),
+            "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"339\",\"annotations\":{\"k8s.io/initial-events-end\":\"true\"}}}}\n"
+        );
+        c.set_bookmark_template(br#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"5","creationTimestamp":null}}"#);
+        assert_eq!(
+            std::str::from_utf8(&c.bookmark_frame(7, false)).unwrap(),
+            "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"7\",\"creationTimestamp\":null}}}\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn probes_are_shared_only_when_they_started_after_arrival() {
+        let c = test_cache();
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let start = |calls: Arc<std::sync::atomic::AtomicU32>| {
+            move || -> BoxFuture<'static, Result<u64, String>> {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok(42)
+                }
+                .boxed()
+            }
+        };
+        let before = Instant::now();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let (a, b) = tokio::join!(
+            c.upstream_rv(before, start(calls.clone())),
+            c.upstream_rv(before, start(calls.clone()))
+        );
+        assert_eq!((a, b), (Ok(42), Ok(42)));
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "coalesced"
+        );
+        // A request arriving after that probe started needs a new one.
+        let later = Instant::now();
+        assert_eq!(c.upstream_rv(later, start(calls.clone())).await, Ok(42));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn wait_fresh_wakes_on_progress() {
+        let c = Arc::new(test_cache());
+        c.replace(Vec::new(), 10);
+        let waiter = {
+            let c = c.clone();
+            tokio::spawn(
+                async move { c.wait_fresh(20, Duration::from_secs(2), "consistent").await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        c.progress(20);
+        assert!(waiter.await.unwrap());
+        assert!(
+            !c.wait_fresh(30, Duration::from_millis(20), "consistent")
+                .await
+        );
+    }
+}

@@ -1,0 +1,422 @@
+//! Answering get, list and watch from the cache with kube-apiserver's
+//! semantics, or declining so the request passes through.
+//!
+//! resourceVersion rules (`staging/src/k8s.io/apiserver/pkg/storage/cacher/`,
+//! "Kubernetes API Concepts"):
+//!
+//! | request | cache answers |
+//! |---|---|
+//! | RV unset (consistent) | after reaching upstream's current RV (see below), else pass through |
+//! | RV `0` | at once, from the current state (a list ignores `limit`) |
+//! | RV `N`, NotOlderThan | once the cache RV ≥ N; after 3 s, `504` with `Retry-After` |
+//! | RV `N`, Exact (or `limit` with RV `N`) | the state at N rebuilt from history; older than history: pass through |
+//! | `continue` | the page at the token's RV, as above |
+//! | watch from `N` | history after N; older than history: `ERROR` `410 Expired` |
+//! | watch, `sendInitialEvents` | snapshot, `k8s.io/initial-events-end` bookmark, changes |
+//!
+//! Consistent reads. An unset RV promises a result that reflects every
+//! write completed before the request. The cache keeps that promise by
+//! learning upstream's current RV with a cheap `limit=1` list (shared by
+//! requests that arrived before it started) and serving only once the
+//! cache has reached it; while waiting it asks the reflector for a
+//! progress watch, which advances a quiet resource within about a second.
+//! If the cache does not get there in time (250 ms for lists and gets, 3 s
+//! for watches, configurable), the request passes through: slower, never
+//! stale. Writes that went through the proxy are covered because they
+//! complete before the client's next request starts.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::stream;
+use http::{HeaderValue, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::StreamBody;
+use tokio_util::sync::CancellationToken;
+
+use crate::body::{Body, BoxError};
+use crate::request::RequestInfo;
+use crate::status::Status;
+use crate::upstream::Upstream;
+
+use super::continue_token;
+use super::filter::Filter;
+use super::list;
+use super::negotiate::{Negotiated, negotiate};
+use super::query::{self, ListOptions, Match, QueryError};
+use super::reflector::probe_rv;
+use super::resource::ResourceCache;
+use super::store::Start;
+use super::watcher::{self, WatchParams};
+
+/// The cache's decision on a read.
+#[derive(Debug)]
+pub enum Answer {
+    /// Answered from the cache (including the apiserver's errors).
+    Served(Response<Body>),
+    /// Pass through; the reason labels metrics.
+    PassThrough(&'static str),
+}
+
+/// A read request, as the cache needs it.
+#[derive(Debug)]
+pub struct Read<'a> {
+    pub info: &'a RequestInfo,
+    pub query: Option<&'a str>,
+    pub accept: Option<&'a HeaderValue>,
+    /// When the request arrived (consistent reads need a probe started
+    /// after this).
+    pub arrived: Instant,
+}
+
+/// Answers `read` from `cache` or declines.
+pub async fn serve(
+    cache: &Arc<ResourceCache>,
+    upstream: &Upstream,
+    read: Read<'_>,
+    shutdown: &CancellationToken,
+) -> Answer {
+    if negotiate(read.accept) == Negotiated::PassThrough {
+        return Answer::PassThrough("representation");
+    }
+    let answer = match read.info.verb.as_str() {
+        "get" => serve_get(cache, upstream, &read).await,
+        "list" => serve_list(cache, upstream, &read).await,
+        "watch" => serve_watch(cache, upstream, &read, shutdown).await,
+        _ => Answer::PassThrough("verb"),
+    };
+    let source = match &answer {
+        Answer::Served(_) => ("cache", ""),
+        Answer::PassThrough(reason) => ("upstream", *reason),
+    };
+    cache.metrics.read(&read.info.verb, source.0, source.1);
+    answer
+}
+
+fn status(s: Status) -> Answer {
+    Answer::Served(s.into_response())
+}
+
+/// Waits for the first list, or declines.
+async fn ready(cache: &ResourceCache) -> Result<(), Answer> {
+    if cache.wait_synced(cache.read.ready_wait).await {
+        Ok(())
+    } else {
+        Err(Answer::PassThrough("not ready"))
+    }
+}
+
+/// Brings the cache to upstream's current RV, or declines.
+async fn consistent(
+    cache: &ResourceCache,
+    upstream: &Upstream,
+    arrived: Instant,
+    wait: Duration,
+) -> Result<(), Answer> {
+    let info = cache.info().clone();
+    let upstream = upstream.clone();
+    let target = cache
+        .upstream_rv(arrived, move || probe_rv(upstream, &info))
+        .await
+        .map_err(|_| Answer::PassThrough("probe failed"))?;
+    if cache.wait_fresh(target, wait, "consistent").await {
+        Ok(())
+    } else {
+        Err(Answer::PassThrough("not fresh"))
+    }
+}
+
+/// Waits until the cache RV is at least `rv`, or the apiserver's `504`.
+async fn not_older_than(cache: &ResourceCache, rv: u64) -> Result<(), Status> {
+    if cache
+        .wait_fresh(rv, cache.read.not_older_than_wait, "not_older_than")
+        .await
+    {
+        Ok(())
+    } else {
+        Err(Status::too_large_resource_version(rv, cache.rv()))
+    }
+}
+
+async fn serve_get(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read<'_>) -> Answer {
+    let mut rv_param: Option<String> = None;
+    for (k, v) in form_urlencoded::parse(read.query.unwrap_or("").as_bytes()) {
+        match k.as_ref() {
+            "resourceVersion" if rv_param.is_none() => rv_param = Some(v.into_owned()),
+            "resourceVersion" => {}
+            _ => return Answer::PassThrough("unknown query parameter"),
+        }
+    }
+    if let Err(a) = ready(cache).await {
+        return a;
+    }
+    match rv_param.as_deref() {
+        None | Some("") => {
+            if let Err(a) = consistent(
+                cache,
+                upstream,
+                read.arrived,
+                cache.read.consistent_list_wait,
+            )
+            .await
+            {
+                return a;
+            }
+        }
+        Some("0") => {}
+        Some(rv) => {
+            let Ok(rv) = query::parse_resource_version(rv) else {
+                return Answer::PassThrough("unparseable resourceVersion");
+            };
+            if let Err(s) = not_older_than(cache, rv).await {
+                return status(s);
+            }
+        }
+    }
+    let info = cache.info();
+    let key = if info.namespaced {
+        format!("{}/{}", read.info.namespace, read.info.name)
+    } else {
+        read.info.name.clone()
+    };
+    let found = cache.lock().objects().get(key.as_str()).cloned();
+    match found {
+        Some(o) => {
+            let frames = [o.json().clone(), Bytes::from_static(b"\n")]
+                .into_iter()
+                .map(|b| Ok::<_, BoxError>(Frame::data(b)));
+            Answer::Served(list::json_response(Body::new(StreamBody::new(
+                stream::iter(frames),
+            ))))
+        }
+        None => status(Status::not_found(
+            &info.gvr.group,
+            &info.gvr.resource,
+            &read.info.name,
+        )),
+    }
+}
+
+impl From<QueryError> for Answer {
+    fn from(e: QueryError) -> Answer {
+        match e {
+            QueryError::Status(s) => status(*s),
+            QueryError::PassThrough(r) => Answer::PassThrough(r),
+        }
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> QueryError {
+    QueryError::Status(Box::new(Status::bad_request(message)))
+}
+
+/// Parses options and builds the filter, with the apiserver's errors.
+fn prepare(
+    cache: &ResourceCache,
+    read: &Read<'_>,
+    watch: bool,
+) -> Result<(ListOptions, Filter), QueryError> {
+    let opts = query::parse(read.query, watch)?;
+    let info = cache.info();
+    let mut fields = info
+        .field_set
+        .convert(&opts.field_selector)
+        .map_err(bad_request)?;
+    // A name in the path (legacy /watch/.../name): the selector may only
+    // repeat it (`ListResource`'s hasName branch).
+    if !read.info.name.is_empty() {
+        let name_selector = crate::selector::FieldSelector::parse(&format!(
+            "metadata.name={}",
+            crate::selector::escape_field_value(&read.info.name)
+        ))
+        .map_err(|_| QueryError::PassThrough("name"))?;
+        if fields.is_empty() {
+            fields = name_selector;
+        } else if fields.requires_exact_match("metadata.name") != Some(read.info.name.as_str()) {
+            return Err(bad_request(
+                "fieldSelector metadata.name doesn't match requested name",
+            ));
+        }
+    }
+    if !info.scope.is_empty() && !fields.implies(&info.scope) {
+        return Err(QueryError::PassThrough("outside the cached scope"));
+    }
+    let filter = Filter {
+        namespace: (!read.info.namespace.is_empty()).then(|| read.info.namespace.clone()),
+        labels: opts.label_selector.clone(),
+        fields,
+    };
+    Ok((opts, filter))
+}
+
+async fn serve_list(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read<'_>) -> Answer {
+    let (opts, filter) = match prepare(cache, read, false) {
+        Ok(p) => p,
+        Err(e) => return e.into(),
+    };
+    if let Err(a) = ready(cache).await {
+        return a;
+    }
+    let info = cache.info();
+    let prefix = list::scope_prefix(filter.namespace.as_deref());
+    let rv_param = opts.resource_version.as_deref();
+
+    // A continued list: the page at the token's RV.
+    if let Some(token) = &opts.continue_token {
+        let Some(token) = continue_token::decode(token) else {
+            return Answer::PassThrough("continue token");
+        };
+        if rv_param.is_some_and(|rv| rv != "0") {
+            return status(Status::bad_request(
+                "specifying resource version is not allowed when using continue",
+            ));
+        }
+        let Ok(rv) = u64::try_from(token.rv) else {
+            return Answer::PassThrough("continue token at latest");
+        };
+        return exact_list(cache, &filter, &prefix, Some(&token.start), opts.limit, rv).await;
+    }
+
+    let parsed = match rv_param.map(query::parse_resource_version).transpose() {
+        Ok(rv) => rv,
+        Err(message) => {
+            return status(Status::bad_request(format!(
+                "invalid resource version: {message}"
+            )));
+        }
+    };
+    let legacy_exact =
+        opts.resource_version_match.is_none() && opts.limit > 0 && parsed.is_some_and(|rv| rv > 0);
+    match (parsed, opts.resource_version_match) {
+        (Some(rv), Some(Match::Exact)) => {
+            return exact_list(cache, &filter, &prefix, None, opts.limit, rv).await;
+        }
+        (Some(rv), _) if legacy_exact => {
+            return exact_list(cache, &filter, &prefix, None, opts.limit, rv).await;
+        }
+        (None, _) => {
+            if let Err(a) = consistent(
+                cache,
+                upstream,
+                read.arrived,
+                cache.read.consistent_list_wait,
+            )
+            .await
+            {
+                return a;
+            }
+        }
+        (Some(0), _) => {}
+        (Some(rv), _) => {
+            if let Err(s) = not_older_than(cache, rv).await {
+                return status(s);
+            }
+        }
+    }
+    // The apiserver's cache ignores `limit` for RV "0".
+    let limit = if parsed == Some(0) { 0 } else { opts.limit };
+    let (objects, rv) = {
+        let s = cache.lock();
+        (s.objects().clone(), s.rv())
+    };
+    let page = list::select(&objects, &filter, &prefix, None, limit, rv);
+    Answer::Served(list::response(page, info, rv))
+}
+
+/// A list at exactly `rv` (Exact, legacy exact, or continued).
+async fn exact_list(
+    cache: &Arc<ResourceCache>,
+    filter: &Filter,
+    prefix: &str,
+    start: Option<&str>,
+    limit: i64,
+    rv: u64,
+) -> Answer {
+    if rv > cache.rv()
+        && let Err(s) = not_older_than(cache, rv).await
+    {
+        return status(s);
+    }
+    let Some(objects) = cache.snapshot_at(rv) else {
+        return Answer::PassThrough("resourceVersion older than the cache");
+    };
+    let page = list::select(&objects, filter, prefix, start, limit, rv);
+    Answer::Served(list::response(page, cache.info(), rv))
+}
+
+async fn serve_watch(
+    cache: &Arc<ResourceCache>,
+    upstream: &Upstream,
+    read: &Read<'_>,
+    shutdown: &CancellationToken,
+) -> Answer {
+    let (opts, filter) = match prepare(cache, read, true) {
+        Ok(p) => p,
+        Err(e) => return e.into(),
+    };
+    // The cacher returns a bad RV as a plain error: HTTP 500, no reason.
+    let parsed = match opts
+        .resource_version
+        .as_deref()
+        .map(query::parse_resource_version)
+        .transpose()
+    {
+        Ok(rv) => rv,
+        Err(message) => return status(Status::new(StatusCode::INTERNAL_SERVER_ERROR, "", message)),
+    };
+    if let Err(a) = ready(cache).await {
+        return a;
+    }
+    let initial = opts.send_initial_events == Some(true);
+    match parsed {
+        None => {
+            if let Err(a) = consistent(
+                cache,
+                upstream,
+                read.arrived,
+                cache.read.consistent_watch_wait,
+            )
+            .await
+            {
+                return a;
+            }
+        }
+        Some(0) => {}
+        Some(rv) if initial => {
+            if let Err(s) = not_older_than(cache, rv).await {
+                return Answer::Served(watcher::error_response(&s));
+            }
+        }
+        Some(_) => {}
+    }
+    let start = match (initial, parsed) {
+        (true, _) => Start::Snapshot,
+        (false, Some(rv)) if rv > 0 => Start::After(rv),
+        // sendInitialEvents=false from "now".
+        (false, _) => Start::After(cache.rv()),
+    };
+    let timeout = match opts.timeout_seconds {
+        Some(t) if t > 0 => Duration::from_secs(t as u64),
+        Some(t) if t < 0 => Duration::ZERO,
+        _ => {
+            let min = cache.read.min_request_timeout.as_secs_f64();
+            Duration::from_secs_f64(min * (1.0 + fastrand::f64()))
+        }
+    };
+    let params = WatchParams {
+        prefix: list::scope_prefix(filter.namespace.as_deref()),
+        filter: Arc::new(filter),
+        start,
+        bookmarks: opts.allow_watch_bookmarks,
+        initial_events_end: initial && opts.allow_watch_bookmarks,
+        timeout,
+    };
+    match watcher::start(cache.clone(), params, shutdown.clone()) {
+        Ok(resp) => Answer::Served(resp),
+        Err(too_old) => Answer::Served(watcher::error_response(&Status::expired(format!(
+            "too old resource version: {} ({})",
+            too_old.requested, too_old.floor
+        )))),
+    }
+}

@@ -1,0 +1,355 @@
+//! A watch served from the cache, as a response body that produces
+//! frames when the client reads.
+//!
+//! It first sends the initial state (a snapshot taken when the watcher was
+//! registered, as `ADDED` events in key order, then the
+//! `k8s.io/initial-events-end` bookmark when asked) or replays the history
+//! after the requested RV, then live events. Frames ready together are
+//! written together. Nothing runs while the client does not read: its
+//! buffer fills, the dispatcher marks it lagging, and it catches up from
+//! the history when it reads again.
+
+use std::ops::Bound;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::Response;
+use http_body::Frame;
+use http_body_util::StreamBody;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::body::{Body, BoxError};
+use crate::status::Status;
+
+use super::event::{Event, frame};
+use super::filter::Filter;
+use super::list::{json_response, upper_bound};
+use super::resource::ResourceCache;
+use super::store::{CatchUp, Delivery, Objects, Start, TooOld, WatcherLink};
+
+/// Bytes gathered into one body frame before it is written.
+const CHUNK: usize = 64 * 1024;
+/// History events read per catch-up step (under the store lock).
+const CATCH_UP_BATCH: usize = 256;
+
+/// How a watch should run.
+#[derive(Debug, Clone)]
+pub struct WatchParams {
+    pub filter: Arc<Filter>,
+    pub start: Start,
+    /// Key prefix of the watch's scope (`ns/` or empty), for the snapshot.
+    pub prefix: String,
+    /// `allowWatchBookmarks`.
+    pub bookmarks: bool,
+    /// Send the `k8s.io/initial-events-end` bookmark after the snapshot.
+    pub initial_events_end: bool,
+    /// When the stream ends.
+    pub timeout: Duration,
+}
+
+enum Phase {
+    Snapshot {
+        objects: Objects,
+        lower: String,
+        upper: Option<String>,
+        cursor: Option<Arc<str>>,
+        rv: u64,
+    },
+    Replay {
+        events: Vec<Arc<Event>>,
+        next: usize,
+    },
+    Live,
+}
+
+struct Watch {
+    cache: Arc<ResourceCache>,
+    id: u64,
+    rx: mpsc::Receiver<Delivery>,
+    link: Arc<WatcherLink>,
+    filter: Arc<Filter>,
+    phase: Phase,
+    initial_events_end: bool,
+    min_rv: u64,
+    last_rv: u64,
+    bookmarks: bool,
+    next_bookmark: Option<Instant>,
+    interval: Duration,
+    deadline: Instant,
+    shutdown: CancellationToken,
+    done: bool,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.cache.watcher_left(self.id);
+    }
+}
+
+/// Registers a watcher and returns its streaming response.
+///
+/// # Errors
+/// [`TooOld`] when the start RV is older than the history; the caller
+/// answers with an `ERROR` event.
+pub fn start(
+    cache: Arc<ResourceCache>,
+    params: WatchParams,
+    shutdown: CancellationToken,
+) -> Result<Response<Body>, TooOld> {
+    let reg = {
+        let mut state = cache.lock();
+        let reg = state.register(params.filter.clone(), params.start)?;
+        cache.metrics.watchers.set(state.watcher_count() as i64);
+        reg
+    };
+    let now = Instant::now();
+    let deadline = now + params.timeout;
+    let interval = cache.read.bookmark_interval;
+    let (phase, last_rv) = match reg.snapshot {
+        Some((objects, rv)) => {
+            let upper = upper_bound(&params.prefix);
+            (
+                Phase::Snapshot {
+                    objects,
+                    lower: params.prefix.clone(),
+                    upper,
+                    cursor: None,
+                    rv,
+                },
+                rv,
+            )
+        }
+        None => (
+            Phase::Replay {
+                events: reg.replay,
+                next: 0,
+            },
+            reg.min_rv,
+        ),
+    };
+    let mut watch = Watch {
+        cache,
+        id: reg.id,
+        rx: reg.rx,
+        link: reg.link,
+        filter: params.filter,
+        phase,
+        initial_events_end: params.initial_events_end,
+        min_rv: reg.min_rv,
+        last_rv,
+        bookmarks: params.bookmarks,
+        next_bookmark: None,
+        interval,
+        deadline,
+        shutdown,
+        done: false,
+    };
+    watch.next_bookmark = watch.bookmark_after(now);
+    let stream = futures_util::stream::unfold(watch, |mut w| async move {
+        let chunk = w.next_chunk().await?;
+        Some((Ok::<_, BoxError>(Frame::data(chunk)), w))
+    });
+    Ok(json_response(Body::new(StreamBody::new(stream))))
+}
+
+/// A watch response whose only event is `ERROR` with `status`, as the
+/// apiserver answers a watch it cannot start (`410 Expired`, `504`).
+pub fn error_response(status: &Status) -> Response<Body> {
+    json_response(crate::body::full(frame("ERROR", &status.to_json())))
+}
+
+// === impl Watch ===
+
+impl Watch {
+    /// The next bookmark time after `now`: one interval on, or two seconds
+    /// before the deadline if sooner; none once that has passed (the
+    /// apiserver's `cacheWatcher.nextBookmarkTime`).
+    fn bookmark_after(&self, now: Instant) -> Option<Instant> {
+        if !self.bookmarks {
+            return None;
+        }
+        let heartbeat = now + self.interval;
+        let pre_timeout = self.deadline.checked_sub(Duration::from_secs(2))?;
+        let at = heartbeat.min(pre_timeout);
+        (at > now).then_some(at)
+    }
+
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.done {
+            return None;
+        }
+        loop {
+            match &mut self.phase {
+                Phase::Snapshot { .. } => {
+                    if let Some(chunk) = self.snapshot_chunk() {
+                        return Some(chunk);
+                    }
+                }
+                Phase::Replay { events, next } => {
+                    let mut buf = BytesMut::new();
+                    while *next < events.len() && buf.len() < CHUNK {
+                        let e = &events[*next];
+                        *next += 1;
+                        if let Some(f) = e.frame_for(&self.filter) {
+                            buf.extend_from_slice(&f);
+                        }
+                        self.last_rv = e.rv;
+                    }
+                    if *next >= events.len() {
+                        self.phase = Phase::Live;
+                    }
+                    if !buf.is_empty() {
+                        return Some(buf.freeze());
+                    }
+                }
+                Phase::Live => return self.live_chunk().await,
+            }
+        }
+    }
+
+    /// The next chunk of initial `ADDED` events; `None` once the snapshot
+    /// is exhausted and the phase moved on with nothing left to write.
+    fn snapshot_chunk(&mut self) -> Option<Bytes> {
+        let Phase::Snapshot {
+            objects,
+            lower,
+            upper,
+            cursor,
+            rv,
+        } = &mut self.phase
+        else {
+            return None;
+        };
+        let mut buf = BytesMut::new();
+        let lower_bound = match cursor {
+            Some(c) => Bound::Excluded(&**c),
+            None => Bound::Included(lower.as_str()),
+        };
+        let upper_bound = match upper {
+            Some(u) => Bound::Excluded(u.as_str()),
+            None => Bound::Unbounded,
+        };
+        let mut last = None;
+        let mut exhausted = true;
+        for (key, o) in objects.range::<_, str>((lower_bound, upper_bound)) {
+            if buf.len() >= CHUNK {
+                exhausted = false;
+                break;
+            }
+            last = Some(key.clone());
+            if self.filter.matches(o) {
+                buf.extend_from_slice(b"{\"type\":\"ADDED\",\"object\":");
+                buf.extend_from_slice(o.json());
+                buf.extend_from_slice(b"}\n");
+            }
+        }
+        if let Some(k) = last {
+            *cursor = Some(k);
+        }
+        if exhausted {
+            let rv = *rv;
+            if self.initial_events_end {
+                buf.extend_from_slice(&self.cache.bookmark_frame(rv, true));
+            }
+            self.last_rv = rv;
+            self.phase = Phase::Live;
+        }
+        (!buf.is_empty()).then(|| buf.freeze())
+    }
+
+    fn drain_ready(&mut self, buf: &mut BytesMut) {
+        while buf.len() < CHUNK {
+            match self.rx.try_recv() {
+                Ok(d) => self.push(buf, d),
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn push(&mut self, buf: &mut BytesMut, d: Delivery) {
+        if d.rv > self.min_rv {
+            buf.extend_from_slice(&d.frame);
+            self.last_rv = self.last_rv.max(d.rv);
+        }
+    }
+
+    async fn live_chunk(&mut self) -> Option<Bytes> {
+        loop {
+            let mut buf = BytesMut::new();
+            self.drain_ready(&mut buf);
+            if !buf.is_empty() {
+                return Some(buf.freeze());
+            }
+            if self.link.is_closed() {
+                self.done = true;
+                return None;
+            }
+            if self.link.is_lagging() {
+                let step =
+                    self.cache
+                        .lock()
+                        .catch_up(self.id, CATCH_UP_BATCH, std::time::Instant::now());
+                match step {
+                    CatchUp::Closed => {
+                        self.done = true;
+                        return None;
+                    }
+                    CatchUp::Frames { frames, .. } => {
+                        for d in frames {
+                            self.push(&mut buf, d);
+                        }
+                        if !buf.is_empty() {
+                            return Some(buf.freeze());
+                        }
+                        continue;
+                    }
+                }
+            }
+            let bookmark_at = self.next_bookmark;
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => {
+                    self.done = true;
+                    return None;
+                }
+                _ = tokio::time::sleep_until(self.deadline) => {
+                    self.done = true;
+                    return None;
+                }
+                d = self.rx.recv() => match d {
+                    Some(d) => {
+                        self.push(&mut buf, d);
+                        self.drain_ready(&mut buf);
+                        if !buf.is_empty() {
+                            return Some(buf.freeze());
+                        }
+                    }
+                    None => {
+                        self.done = true;
+                        return None;
+                    }
+                },
+                _ = sleep_until_opt(bookmark_at) => {
+                    let now = Instant::now();
+                    self.next_bookmark = self.bookmark_after(now);
+                    let rv = self.cache.rv();
+                    // Only progress is worth a bookmark.
+                    if rv > self.last_rv {
+                        self.last_rv = rv;
+                        return Some(self.cache.bookmark_frame(rv, false));
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,333 @@
+//! Per-request dispatch: work out what the request is and who sent it,
+//! then answer it from the watch cache or pass it through.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use prometheus::IntGauge;
+use tracing::Instrument;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Credential, UserInfo};
+use crate::body::{self, Body};
+use crate::cache::Caches;
+use crate::cache::resource::ResourceCache;
+use crate::cache::serve::{Answer, Read, serve};
+use crate::metrics::{Metrics, Source};
+use crate::proxy;
+use crate::request::RequestInfo;
+use crate::upstream::{Credentials, Upstream};
+
+/// What the proxy knows about the connection a request arrived on.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The client's address.
+    pub remote: SocketAddr,
+    /// The user of a verified client certificate, if one was presented.
+    pub cert_user: Option<UserInfo>,
+}
+
+/// Serves requests.
+#[derive(Debug)]
+pub struct Handler {
+    upstream: Upstream,
+    metrics: Metrics,
+    caches: Caches,
+    shutdown: CancellationToken,
+    known_resources: HashSet<String>,
+}
+
+/// Decrements an in-flight gauge when dropped.
+struct InFlight(IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+// === impl Handler ===
+
+impl Handler {
+    /// A handler that answers reads of cached resources from `caches` and
+    /// passes everything else to `upstream`. `shutdown` ends cache-served
+    /// watches.
+    pub fn new(
+        upstream: Upstream,
+        metrics: Metrics,
+        caches: Caches,
+        shutdown: CancellationToken,
+    ) -> Handler {
+        let known_resources = crate::resource::BUILT_INS
+            .iter()
+            .map(|b| b.resource.to_string())
+            .chain(caches.iter().map(|c| c.info().gvr.resource.clone()))
+            .collect();
+        Handler {
+            upstream,
+            metrics,
+            caches,
+            shutdown,
+            known_resources,
+        }
+    }
+
+    /// The cache that may answer this request: a GET of a cached resource
+    /// (no subresource) by get, list or watch.
+    fn cache_for(
+        &self,
+        req: &Request<Incoming>,
+        info: &RequestInfo,
+    ) -> Option<&Arc<ResourceCache>> {
+        if req.method() != http::Method::GET
+            || !info.is_resource_request
+            || !info.subresource.is_empty()
+            || !info.is_read()
+        {
+            return None;
+        }
+        self.caches
+            .get(&info.api_group, &info.api_version, &info.resource)
+    }
+
+    /// Answers one request. Never fails: errors become `Status` responses.
+    pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
+        let start = Instant::now();
+        let info = RequestInfo::parse(req.method(), req.uri().path(), req.uri().query());
+        let span = tracing::debug_span!(
+            "request",
+            k8s.verb = %info.verb,
+            k8s.resource = %info.resource,
+            k8s.namespace = %info.namespace,
+        );
+        let (resp, source) = self.dispatch(req, &info, conn).instrument(span).await;
+        self.observe(&info, &resp, source, start);
+        resp
+    }
+
+    async fn dispatch(
+        &self,
+        req: Request<Incoming>,
+        info: &RequestInfo,
+        conn: &ConnInfo,
+    ) -> (Response<Body>, Source) {
+        if let Some(cache) = self.cache_for(&req, info) {
+            let gauge = self
+                .metrics
+                .in_flight
+                .with_label_values(&[Source::Cache.as_str()]);
+            gauge.inc();
+            let guard = InFlight(gauge);
+            let read = Read {
+                info,
+                query: req.uri().query(),
+                accept: req.headers().get(header::ACCEPT),
+                arrived: Instant::now(),
+            };
+            if let Answer::Served(resp) = serve(cache, &self.upstream, read, &self.shutdown).await {
+                let (parts, body) = resp.into_parts();
+                return (
+                    Response::from_parts(parts, body::guarded(body, guard)),
+                    Source::Cache,
+                );
+            }
+        }
+        let credential = Credential::of(conn.cert_user.as_ref(), req.headers());
+        let (headers, credentials) = passthrough_headers(req.headers(), &credential);
+        let gauge = self
+            .metrics
+            .in_flight
+            .with_label_values(&[Source::Upstream.as_str()]);
+        gauge.inc();
+        let guard = InFlight(gauge);
+        let overhead = Instant::now();
+        let result = if proxy::is_upgrade(&req) {
+            proxy::forward_upgrade(&self.upstream, req, headers, credentials, conn.remote).await
+        } else {
+            self.metrics
+                .proxy_overhead
+                .observe(overhead.elapsed().as_secs_f64());
+            proxy::forward(&self.upstream, req, headers, credentials, conn.remote).await
+        };
+        match result {
+            Ok(resp) => {
+                let (parts, body) = resp.into_parts();
+                (
+                    Response::from_parts(parts, body::guarded(body, guard)),
+                    Source::Upstream,
+                )
+            }
+            Err(err) => {
+                self.metrics
+                    .upstream_errors
+                    .with_label_values(&[err.reason()])
+                    .inc();
+                tracing::warn!(error = %err, verb = %info.verb, path = %info.path, "pass-through failed");
+                (proxy::error_response(&err), Source::Proxy)
+            }
+        }
+    }
+
+    fn observe(&self, info: &RequestInfo, resp: &Response<Body>, source: Source, start: Instant) {
+        let resource = if !info.is_resource_request {
+            ""
+        } else if self.known_resources.contains(&info.resource) {
+            info.resource.as_str()
+        } else {
+            "other"
+        };
+        let verb = match info.verb.as_str() {
+            v @ ("get" | "list" | "watch" | "create" | "update" | "patch" | "delete"
+            | "deletecollection" | "proxy" | "head" | "post" | "put" | "options") => v,
+            _ => "other",
+        };
+        let group = if info.is_resource_request && self.known_resources.contains(&info.resource) {
+            info.api_group.as_str()
+        } else {
+            ""
+        };
+        self.metrics
+            .requests
+            .with_label_values(&[
+                verb,
+                group,
+                resource,
+                resp.status().as_str(),
+                source.as_str(),
+            ])
+            .inc();
+        self.metrics
+            .request_duration
+            .with_label_values(&[verb, resource, source.as_str()])
+            .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+/// The headers a pass-through request carries upstream, and on which
+/// credentials, for the identity that sent it.
+///
+/// - Client certificate: the proxy's credentials, impersonating the
+///   certificate's user and groups, so the Node authorizer and
+///   NodeRestriction admission see the node exactly as before. The client's
+///   own `Authorization`, `Impersonate-*` and front-proxy `X-Remote-*`
+///   headers are removed: they must never ride on the proxy's credentials.
+/// - Bearer token or nothing: the client's own headers, on a connection
+///   without the proxy's credentials; the apiserver authenticates and
+///   authorizes them itself.
+pub fn passthrough_headers(
+    headers: &HeaderMap,
+    credential: &Credential,
+) -> (HeaderMap, Credentials) {
+    match credential {
+        Credential::Certificate(user) => {
+            let mut out = without_identity_headers(headers);
+            impersonate(&mut out, user);
+            (out, Credentials::Proxy)
+        }
+        Credential::Bearer(_) | Credential::None => (headers.clone(), Credentials::Client),
+    }
+}
+
+/// A copy of `headers` without credentials or identity assertions.
+pub fn without_identity_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = headers.clone();
+    out.remove(header::AUTHORIZATION);
+    let names: Vec<HeaderName> = out
+        .keys()
+        .filter(|k| {
+            let k = k.as_str();
+            k.starts_with("impersonate-") || k.starts_with("x-remote-")
+        })
+        .cloned()
+        .collect();
+    for name in names {
+        out.remove(name);
+    }
+    out
+}
+
+/// Adds `Impersonate-User`, `-Uid`, `-Group` and `-Extra-*` for `user`.
+/// `system:authenticated` is not sent: the apiserver adds it to every
+/// impersonated user itself, and asking for it would need one more grant.
+pub fn impersonate(headers: &mut HeaderMap, user: &UserInfo) {
+    if let Ok(v) = HeaderValue::from_str(&user.name) {
+        headers.insert("impersonate-user", v);
+    }
+    if !user.uid.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&user.uid)
+    {
+        headers.insert("impersonate-uid", v);
+    }
+    for g in &user.groups {
+        if g == crate::auth::AUTHENTICATED_GROUP {
+            continue;
+        }
+        if let Ok(v) = HeaderValue::from_str(g) {
+            headers.append("impersonate-group", v);
+        }
+    }
+    for (key, values) in &user.extra {
+        // Header names are case-insensitive, so keys are percent-encoded
+        // (and lowercased by the apiserver on the way back).
+        let encoded = percent_encoding::utf8_percent_encode(key, EXTRA_KEY).to_string();
+        let Ok(name) = HeaderName::from_bytes(format!("impersonate-extra-{encoded}").as_bytes())
+        else {
+            continue;
+        };
+        for v in values {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                headers.append(name.clone(), v);
+            }
+        }
+    }
+}
+
+/// Characters escaped in `Impersonate-Extra-` keys: everything but
+/// unreserved URL characters.
+const EXTRA_KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_users_are_impersonated_on_proxy_credentials() {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        h.insert("impersonate-user", HeaderValue::from_static("root"));
+        h.insert("x-remote-user", HeaderValue::from_static("root"));
+        h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let mut user = UserInfo::new("system:node:n1", &["system:nodes", "system:authenticated"]);
+        user.extra
+            .insert("example.com/Scope".into(), vec!["a".into()]);
+        let (out, creds) = passthrough_headers(&h, &Credential::Certificate(user));
+        assert_eq!(creds, Credentials::Proxy);
+        assert!(!out.contains_key(header::AUTHORIZATION));
+        assert!(!out.contains_key("x-remote-user"));
+        assert_eq!(out["impersonate-user"], "system:node:n1");
+        let groups: Vec<_> = out.get_all("impersonate-group").iter().collect();
+        assert_eq!(groups, vec!["system:nodes"]);
+        assert_eq!(out["impersonate-extra-example.com%2fscope"], "a");
+        assert_eq!(out[header::ACCEPT], "application/json");
+    }
+
+    #[test]
+    fn bearer_requests_keep_their_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        let (out, creds) = passthrough_headers(&h, &Credential::Bearer("x".into()));
+        assert_eq!(creds, Credentials::Client);
+        assert_eq!(out, h);
+    }
+}

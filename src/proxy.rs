@@ -1,0 +1,198 @@
+//! Pass-through: a request the cache does not answer goes to the apiserver
+//! untouched (method, path, query, headers minus hop-by-hop), with bodies
+//! streamed both ways frame by frame, so a watch response reaches the client
+//! event by event and a 50 MB list never sits whole in memory. HTTP
+//! upgrades (SPDY/3.1 and WebSocket: exec, attach, port-forward) are bridged
+//! byte for byte.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use crate::body::{self, Body};
+use crate::status::Status;
+use crate::upstream::{Credentials, Upstream, UpstreamError};
+
+/// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus
+/// `Host`, which the upstream client sets from the upstream URI.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, including those named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// Whether the request asks for an HTTP/1.1 protocol upgrade.
+pub fn is_upgrade(req: &Request<Incoming>) -> bool {
+    req.version() == Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && req
+            .headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Appends the client address to `X-Forwarded-For`, which the apiserver
+/// records as the request's source IP in audit logs.
+fn forwarded_for(headers: &mut HeaderMap, remote: SocketAddr) {
+    let ip = remote.ip().to_string();
+    let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
+        _ => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert("x-forwarded-for", v);
+    }
+}
+
+/// Forwards `req` upstream and returns the upstream response with its body
+/// streaming. `headers` are the request headers to send (already adjusted
+/// for the identity the request travels with).
+///
+/// # Errors
+/// [`UpstreamError`] when the apiserver cannot be reached; the caller turns
+/// it into a `503` Status.
+pub async fn forward(
+    upstream: &Upstream,
+    req: Request<Incoming>,
+    mut headers: HeaderMap,
+    credentials: Credentials,
+    remote: SocketAddr,
+) -> Result<Response<Body>, UpstreamError> {
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    forwarded_for(&mut headers, remote);
+    let (parts, incoming) = req.into_parts();
+    let mut out = Request::new(body::boxed(incoming));
+    *out.method_mut() = parts.method;
+    *out.uri_mut() = upstream.uri(parts.uri.path_and_query())?;
+    *out.version_mut() = Version::HTTP_11;
+    *out.headers_mut() = headers;
+    let resp = upstream.send(out, credentials).await?;
+    let (mut parts, incoming) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.version = Version::HTTP_11;
+    Ok(Response::from_parts(parts, body::boxed(incoming)))
+}
+
+/// Bridges an upgrade request: sends it upstream on its own HTTP/1.1
+/// connection and, when the apiserver answers `101`, splices the two
+/// upgraded connections together until either side closes.
+///
+/// # Errors
+/// [`UpstreamError`] when the apiserver cannot be reached.
+pub async fn forward_upgrade(
+    upstream: &Upstream,
+    mut req: Request<Incoming>,
+    mut headers: HeaderMap,
+    credentials: Credentials,
+    remote: SocketAddr,
+) -> Result<Response<Body>, UpstreamError> {
+    let client_upgrade = hyper::upgrade::on(&mut req);
+    // Keep `Connection: Upgrade` and `Upgrade`: they are the request here.
+    let upgrade = headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    forwarded_for(&mut headers, remote);
+    if let Some(u) = upgrade {
+        headers.insert(header::UPGRADE, u);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    }
+    let (parts, incoming) = req.into_parts();
+    let mut out = Request::new(body::boxed(incoming));
+    *out.method_mut() = parts.method;
+    *out.uri_mut() = upstream.uri(parts.uri.path_and_query())?;
+    *out.headers_mut() = headers;
+    let mut resp = upstream.send_upgrade(out, credentials).await?;
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        let (mut parts, incoming) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        return Ok(Response::from_parts(parts, body::boxed(incoming)));
+    }
+    let upstream_upgrade = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        let (client, server) = match tokio::try_join!(client_upgrade, upstream_upgrade) {
+            Ok(pair) => pair,
+            Err(error) => {
+                tracing::debug!(%error, "upgrade was not completed");
+                return;
+            }
+        };
+        let mut client = TokioIo::new(client);
+        let mut server = TokioIo::new(server);
+        match tokio::io::copy_bidirectional(&mut client, &mut server).await {
+            Ok((up, down)) => tracing::debug!(up, down, "upgraded stream closed"),
+            Err(error) => tracing::debug!(%error, "upgraded stream failed"),
+        }
+    });
+    // Relay the 101 with the headers the protocols need (Upgrade,
+    // Connection, Sec-WebSocket-Accept, X-Stream-Protocol-Version).
+    let (parts, _) = resp.into_parts();
+    let mut out = Response::new(body::empty());
+    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    *out.headers_mut() = parts.headers;
+    Ok(out)
+}
+
+/// The response for a failed pass-through.
+pub fn error_response(err: &UpstreamError) -> Response<Body> {
+    let status: Status = err.to_status();
+    status.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::ACCEPT));
+    }
+
+    #[test]
+    fn forwarded_for_appends() {
+        let mut h = HeaderMap::new();
+        forwarded_for(&mut h, "10.0.0.1:5".parse().unwrap());
+        forwarded_for(&mut h, "127.0.0.1:6".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+    }
+}

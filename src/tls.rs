@@ -1,0 +1,399 @@
+//! Downstream TLS: the serving certificate and the client-CA bundle, both
+//! read from PEM files and reloaded when the files change, without a
+//! restart and without touching open connections (a reload only affects
+//! handshakes that start afterwards).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::RwLock;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+
+use crate::config::{TlsConfig, TlsVersion};
+
+/// A TLS configuration error, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or holds no usable item.
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+    /// rustls rejected the material (key does not match certificate...).
+    #[error("{path}: {source}")]
+    Rustls {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+/// The crypto provider used everywhere (ring).
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Downstream TLS state: the rustls config handed to the acceptor plus the
+/// reloadable parts behind it.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    config: Arc<ServerConfig>,
+    cert: Arc<ReloadingCert>,
+    client_ca: Option<Arc<ReloadingClientCa>>,
+}
+
+// === impl ServerTls ===
+
+impl ServerTls {
+    /// Loads the certificate, key and optional client CA and builds the
+    /// rustls config: ALPN `h2` and `http/1.1`, TLS 1.2 or 1.3 minimum,
+    /// client certificates requested (not required) when a CA is given.
+    ///
+    /// # Errors
+    /// [`TlsError`] naming the file that is missing or invalid.
+    pub fn load(cfg: &TlsConfig) -> Result<ServerTls, TlsError> {
+        let cert_file = cfg.cert_file.clone().ok_or_else(|| TlsError::File {
+            path: PathBuf::new(),
+            message: "no serving certificate configured".into(),
+        })?;
+        let key_file = cfg.private_key_file.clone().ok_or_else(|| TlsError::File {
+            path: PathBuf::new(),
+            message: "no private key configured".into(),
+        })?;
+        let provider = provider();
+        let cert = Arc::new(ReloadingCert::load(cert_file, key_file, provider.clone())?);
+        let client_ca = match &cfg.client_ca_file {
+            Some(path) => Some(Arc::new(ReloadingClientCa::load(
+                path.clone(),
+                provider.clone(),
+            )?)),
+            None => None,
+        };
+        let versions: &[&'static rustls::SupportedProtocolVersion] = match cfg.min_version {
+            TlsVersion::VersionTLS12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+            TlsVersion::VersionTLS13 => &[&rustls::version::TLS13],
+        };
+        let builder = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions)
+            .map_err(|source| TlsError::Rustls {
+                path: PathBuf::new(),
+                source,
+            })?;
+        let builder = match &client_ca {
+            Some(ca) => builder.with_client_cert_verifier(ca.clone()),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(cert.clone());
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(ServerTls {
+            config: Arc::new(config),
+            cert,
+            client_ca,
+        })
+    }
+
+    /// The rustls server config.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        self.config.clone()
+    }
+
+    /// Re-reads files whose modification time or size changed. A file that
+    /// fails to parse is logged and the previous material kept.
+    pub fn reload_if_changed(&self) {
+        self.cert.reload_if_changed();
+        if let Some(ca) = &self.client_ca {
+            ca.reload_if_changed();
+        }
+    }
+
+    /// Spawns a task that calls [`ServerTls::reload_if_changed`] every
+    /// `interval` until `shutdown` is cancelled.
+    pub fn spawn_reloader(
+        &self,
+        interval: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => this.reload_if_changed(),
+                }
+            }
+        });
+    }
+}
+
+/// (modification time, length) of a file, to notice replacement.
+type Stamp = Option<(SystemTime, u64)>;
+
+fn stamp(path: &Path) -> Stamp {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsError::File {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::File {
+            path: path.to_path_buf(),
+            message: "no PEM certificate found".into(),
+        });
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| TlsError::File {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// The serving certificate, swapped atomically on reload.
+#[derive(Debug)]
+struct ReloadingCert {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    provider: Arc<CryptoProvider>,
+    current: RwLock<(Arc<CertifiedKey>, Stamp, Stamp)>,
+}
+
+impl ReloadingCert {
+    fn load(
+        cert_file: PathBuf,
+        key_file: PathBuf,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Self, TlsError> {
+        let key = Self::read(&cert_file, &key_file, &provider)?;
+        let stamps = (stamp(&cert_file), stamp(&key_file));
+        Ok(ReloadingCert {
+            cert_file,
+            key_file,
+            provider,
+            current: RwLock::new((Arc::new(key), stamps.0, stamps.1)),
+        })
+    }
+
+    fn read(
+        cert_file: &Path,
+        key_file: &Path,
+        provider: &CryptoProvider,
+    ) -> Result<CertifiedKey, TlsError> {
+        let certs = read_certs(cert_file)?;
+        let key = read_key(key_file)?;
+        CertifiedKey::from_der(certs, key, provider).map_err(|source| TlsError::Rustls {
+            path: key_file.to_path_buf(),
+            source,
+        })
+    }
+
+    fn reload_if_changed(&self) {
+        let stamps = (stamp(&self.cert_file), stamp(&self.key_file));
+        {
+            let cur = self.current.read();
+            if cur.1 == stamps.0 && cur.2 == stamps.1 {
+                return;
+            }
+        }
+        match Self::read(&self.cert_file, &self.key_file, &self.provider) {
+            Ok(key) => {
+                *self.current.write() = (Arc::new(key), stamps.0, stamps.1);
+                tracing::info!(cert = %self.cert_file.display(), "reloaded serving certificate");
+            }
+            Err(error) => {
+                // Keep serving with the old pair; a half-written file is
+                // retried on the next tick.
+                tracing::warn!(%error, "serving certificate changed but could not be loaded; keeping the previous one");
+            }
+        }
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.read().0.clone())
+    }
+}
+
+/// The client-certificate verifier, rebuilt when the CA bundle changes.
+#[derive(Debug)]
+struct ReloadingClientCa {
+    path: PathBuf,
+    provider: Arc<CryptoProvider>,
+    current: RwLock<(Arc<dyn ClientCertVerifier>, Stamp)>,
+}
+
+impl ReloadingClientCa {
+    fn load(path: PathBuf, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
+        let verifier = Self::read(&path, &provider)?;
+        let st = stamp(&path);
+        Ok(ReloadingClientCa {
+            path,
+            provider,
+            current: RwLock::new((verifier, st)),
+        })
+    }
+
+    fn read(
+        path: &Path,
+        provider: &Arc<CryptoProvider>,
+    ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for cert in read_certs(path)? {
+            roots.add(cert).map_err(|source| TlsError::Rustls {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| TlsError::File {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })
+    }
+
+    fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
+        self.current.read().0.clone()
+    }
+
+    fn reload_if_changed(&self) {
+        let st = stamp(&self.path);
+        if self.current.read().1 == st {
+            return;
+        }
+        match Self::read(&self.path, &self.provider) {
+            Ok(v) => {
+                *self.current.write() = (v, st);
+                tracing::info!(ca = %self.path.display(), "reloaded client CA bundle");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "client CA bundle changed but could not be loaded; keeping the previous one");
+            }
+        }
+    }
+}
+
+impl ClientCertVerifier for ReloadingClientCa {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    /// No hints: a reloadable bundle cannot lend out a borrowed list, and an
+    /// empty list tells clients any certificate they hold is acceptable,
+    /// which is what Go and rustls clients then send.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.verifier()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.verifier().supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::Ca;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn loads_and_reloads() {
+        let dir = tempdir();
+        let ca = Ca::new("ca").unwrap();
+        let s1 = ca.issue_server(&["localhost"], &[]).unwrap();
+        let cfg = TlsConfig {
+            cert_file: Some(write(&dir, "tls.crt", &s1.cert_pem)),
+            private_key_file: Some(write(&dir, "tls.key", &s1.key_pem)),
+            client_ca_file: Some(write(&dir, "ca.crt", &ca.cert_pem())),
+            min_version: TlsVersion::VersionTLS12,
+        };
+        let tls = ServerTls::load(&cfg).unwrap();
+        let before = tls.cert.current.read().0.clone();
+        // Same files: nothing changes.
+        tls.reload_if_changed();
+        assert!(Arc::ptr_eq(&before, &tls.cert.current.read().0));
+        // A broken replacement keeps the old key.
+        std::fs::write(dir.join("tls.crt"), "garbage").unwrap();
+        tls.reload_if_changed();
+        assert!(Arc::ptr_eq(&before, &tls.cert.current.read().0));
+        // A valid replacement is picked up.
+        let s2 = ca.issue_server(&["localhost"], &[]).unwrap();
+        std::fs::write(dir.join("tls.crt"), &s2.cert_pem).unwrap();
+        std::fs::write(dir.join("tls.key"), &s2.key_pem).unwrap();
+        tls.reload_if_changed();
+        assert!(!Arc::ptr_eq(&before, &tls.cert.current.read().0));
+    }
+
+    #[test]
+    fn missing_file_is_named() {
+        let cfg = TlsConfig {
+            cert_file: Some("/nonexistent/tls.crt".into()),
+            private_key_file: Some("/nonexistent/tls.key".into()),
+            ..TlsConfig::default()
+        };
+        let err = ServerTls::load(&cfg).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/tls.crt"), "{err}");
+    }
+
+    fn tempdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kcp-tls-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}

@@ -1,0 +1,481 @@
+//! The connection to kube-apiserver.
+//!
+//! Configuration comes from a kubeconfig file or the in-cluster
+//! service-account files, loaded by `kube`'s config loader (CA, client
+//! certificate and key, static token or a token file that is re-read as it
+//! rotates, exec plugins). Requests go through a pooled hyper client over
+//! rustls that speaks HTTP/2 when the apiserver offers it.
+//!
+//! Two pools exist because the apiserver authenticates a TLS client
+//! certificate before a bearer token (its union authenticator tries x509
+//! first): a request that must be authenticated by the client's own token
+//! has to travel on a connection that carries no proxy certificate.
+//!
+//! - [`Credentials::Proxy`]: the proxy's own identity (its client
+//!   certificate, its `Authorization` header). Used for the reflectors,
+//!   TokenReview/SubjectAccessReview, and impersonated pass-through.
+//! - [`Credentials::Client`]: no proxy credential at all; the request keeps
+//!   the client's own `Authorization` header, or none (anonymous).
+//!
+//! HTTP upgrades (exec, attach, port-forward) use a dedicated HTTP/1.1
+//! connection per request, since HTTP/2 has no `Upgrade`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, Uri};
+use http_body_util::Empty;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kube::client::ConfigExt;
+use rustls::ClientConfig;
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceExt};
+
+use crate::body::{Body, BoxError};
+use crate::config::UpstreamConfig;
+use crate::status::Status;
+
+/// Which credentials a request carries upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credentials {
+    /// The proxy's own client certificate and `Authorization` header.
+    Proxy,
+    /// None of the proxy's; the client's own headers are kept.
+    Client,
+}
+
+/// An error reaching the apiserver. Every variant is upstream-side.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The kubeconfig or in-cluster configuration could not be loaded.
+    #[error("loading the upstream configuration: {0}")]
+    Config(String),
+    /// Opening the TCP or TLS connection failed or timed out.
+    #[error("connecting to the apiserver: {0}")]
+    Connect(String),
+    /// The request failed after the connection was opened.
+    #[error("apiserver request failed: {0}")]
+    Request(String),
+    /// The proxy's credentials could not be produced (exec plugin or token
+    /// file failure).
+    #[error("obtaining upstream credentials: {0}")]
+    Credentials(String),
+}
+
+// === impl UpstreamError ===
+
+impl UpstreamError {
+    /// The metric label for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            UpstreamError::Config(_) => "config",
+            UpstreamError::Connect(_) => "connect",
+            UpstreamError::Request(_) => "protocol",
+            UpstreamError::Credentials(_) => "credentials",
+        }
+    }
+
+    /// The `503 ServiceUnavailable` a client sees.
+    pub fn to_status(&self) -> Status {
+        Status::service_unavailable(self.to_string())
+    }
+}
+
+type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
+type Pool = Client<TimeoutConnector<HttpsConnector>, Body>;
+/// kube's auth layer wrapped around a service that answers with the headers
+/// it was given: calling it yields the proxy's current `Authorization`.
+type AuthService = BoxCloneSyncService<Request<Empty<Bytes>>, Response<Empty<Bytes>>, BoxError>;
+
+/// The upstream apiserver: base URL, connection pools and credentials.
+#[derive(Clone)]
+pub struct Upstream {
+    base: Uri,
+    proxy_pool: Pool,
+    client_pool: Pool,
+    auth: Option<AuthService>,
+    proxy_tls_h1: Arc<ClientConfig>,
+    client_tls_h1: Arc<ClientConfig>,
+    server_name: ServerName<'static>,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    /// Loads the configuration (kubeconfig file, or in-cluster) and builds
+    /// the pools. Connects lazily.
+    ///
+    /// # Errors
+    /// [`UpstreamError::Config`] when the kubeconfig cannot be read, its
+    /// context is missing, or its TLS material is invalid.
+    pub async fn from_config(cfg: &UpstreamConfig) -> Result<Upstream, UpstreamError> {
+        let kube_config = load_kube_config(cfg.kubeconfig.as_deref(), cfg.context.clone()).await?;
+        Upstream::new(
+            &kube_config,
+            Duration::from_secs(cfg.connect_timeout_seconds),
+            Duration::from_secs(cfg.idle_timeout_seconds),
+        )
+    }
+
+    /// Builds the pools from an already-loaded `kube::Config`.
+    ///
+    /// # Errors
+    /// [`UpstreamError::Config`] when its TLS material is invalid.
+    pub fn new(
+        kube_config: &kube::Config,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Result<Upstream, UpstreamError> {
+        let cfg_err = |e: kube::Error| UpstreamError::Config(e.to_string());
+        let proxy_tls = kube_config.rustls_client_config().map_err(cfg_err)?;
+        let mut anonymous = kube_config.clone();
+        anonymous.auth_info = kube::config::AuthInfo::default();
+        let client_tls = anonymous.rustls_client_config().map_err(cfg_err)?;
+
+        let base = kube_config.cluster_url.clone();
+        let host = base
+            .host()
+            .ok_or_else(|| UpstreamError::Config(format!("server URL {base} has no host")))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let name = kube_config.tls_server_name.clone().unwrap_or(host);
+        let server_name = ServerName::try_from(name.clone())
+            .map_err(|e| UpstreamError::Config(format!("invalid TLS server name {name:?}: {e}")))?;
+
+        let pool = |tls: ClientConfig| -> Pool {
+            let mut http = HttpConnector::new();
+            http.enforce_http(false);
+            http.set_nodelay(true);
+            http.set_connect_timeout(Some(connect_timeout));
+            let https = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_or_http()
+                .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+                    server_name.clone(),
+                ))
+                .enable_http1()
+                .enable_http2()
+                .wrap_connector(http);
+            // The connect timeout above covers TCP only; this one also
+            // bounds the TLS handshake.
+            let connector = TimeoutConnector {
+                inner: https,
+                timeout: connect_timeout,
+            };
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(idle_timeout)
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .http2_keep_alive_interval(Some(Duration::from_secs(30)))
+                .http2_keep_alive_timeout(Duration::from_secs(10))
+                .timer(hyper_util::rt::TokioTimer::new())
+                .build(connector)
+        };
+
+        let auth = kube_config.auth_layer().map_err(cfg_err)?.map(|layer| {
+            let identity = tower::service_fn(|req: Request<Empty<Bytes>>| async move {
+                let mut echo = Response::new(Empty::new());
+                *echo.headers_mut() = req.headers().clone();
+                Ok::<_, BoxError>(echo)
+            });
+            BoxCloneSyncService::new(layer.layer(identity))
+        });
+
+        let h1 = |mut tls: ClientConfig| {
+            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(tls)
+        };
+        Ok(Upstream {
+            base,
+            proxy_pool: pool(proxy_tls.clone()),
+            client_pool: pool(client_tls.clone()),
+            auth,
+            proxy_tls_h1: h1(proxy_tls),
+            client_tls_h1: h1(client_tls),
+            server_name,
+            connect_timeout,
+        })
+    }
+
+    /// The apiserver's base URL.
+    pub fn base(&self) -> &Uri {
+        &self.base
+    }
+
+    /// The upstream URI for a request's path and query, under the base
+    /// URL's path (some clusters serve the API under a prefix).
+    ///
+    /// # Errors
+    /// When the joined URI is invalid.
+    pub fn uri(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, UpstreamError> {
+        let prefix = self.base.path().trim_end_matches('/');
+        let pq = path_and_query.map_or("/", PathAndQuery::as_str);
+        let mut parts = self.base.clone().into_parts();
+        parts.path_and_query = Some(
+            format!("{prefix}{pq}")
+                .parse()
+                .map_err(|e| UpstreamError::Request(format!("invalid path: {e}")))?,
+        );
+        Uri::from_parts(parts).map_err(|e| UpstreamError::Request(format!("invalid URI: {e}")))
+    }
+
+    /// Sends a request whose URI is already an upstream URI (see
+    /// [`Upstream::uri`]) and returns the response headers; the body
+    /// streams.
+    ///
+    /// # Errors
+    /// [`UpstreamError`] when the apiserver cannot be reached or the
+    /// request fails before response headers arrive.
+    pub async fn send(
+        &self,
+        mut req: Request<Body>,
+        credentials: Credentials,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let pool = match credentials {
+            Credentials::Proxy => {
+                self.authorize(req.headers_mut()).await?;
+                &self.proxy_pool
+            }
+            Credentials::Client => &self.client_pool,
+        };
+        pool.request(req).await.map_err(|e| {
+            if e.is_connect() {
+                UpstreamError::Connect(error_chain(&e))
+            } else {
+                UpstreamError::Request(error_chain(&e))
+            }
+        })
+    }
+
+    /// Sets the proxy's `Authorization` header (a no-op when it
+    /// authenticates by client certificate only).
+    async fn authorize(&self, headers: &mut http::HeaderMap) -> Result<(), UpstreamError> {
+        let Some(auth) = &self.auth else {
+            headers.remove(http::header::AUTHORIZATION);
+            return Ok(());
+        };
+        let probe = auth
+            .clone()
+            .oneshot(Request::new(Empty::new()))
+            .await
+            .map_err(|e| UpstreamError::Credentials(e.to_string()))?;
+        match probe.headers().get(http::header::AUTHORIZATION) {
+            Some(v) => {
+                headers.insert(http::header::AUTHORIZATION, v.clone());
+            }
+            None => {
+                headers.remove(http::header::AUTHORIZATION);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends an upgrade request (exec, attach, port-forward) on a new
+    /// HTTP/1.1 connection. The returned response, if `101`, can be
+    /// upgraded with `hyper::upgrade::on`.
+    ///
+    /// # Errors
+    /// [`UpstreamError`] when the connection or handshake fails.
+    pub async fn send_upgrade(
+        &self,
+        mut req: Request<Body>,
+        credentials: Credentials,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let tls = match credentials {
+            Credentials::Proxy => {
+                self.authorize(req.headers_mut()).await?;
+                self.proxy_tls_h1.clone()
+            }
+            Credentials::Client => self.client_tls_h1.clone(),
+        };
+        let io = tokio::time::timeout(self.connect_timeout, self.dial(tls))
+            .await
+            .map_err(|_| UpstreamError::Connect("timed out".into()))??;
+        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| UpstreamError::Connect(error_chain(&e)))?;
+        tokio::spawn(async move {
+            if let Err(error) = conn.with_upgrades().await {
+                tracing::debug!(%error, "upstream upgrade connection ended");
+            }
+        });
+        // HTTP/1.1 wants origin-form on the wire, with Host set.
+        let authority = self.base.authority().map(|a| a.as_str().to_string());
+        if let Some(pq) = req.uri().path_and_query().cloned() {
+            *req.uri_mut() = Uri::from(pq);
+        }
+        if let Some(a) = authority.and_then(|a| HeaderValue::from_str(&a).ok()) {
+            req.headers_mut().insert(http::header::HOST, a);
+        }
+        sender
+            .send_request(req)
+            .await
+            .map_err(|e| UpstreamError::Request(error_chain(&e)))
+    }
+
+    async fn dial(&self, tls: Arc<ClientConfig>) -> Result<Box<dyn Io>, UpstreamError> {
+        let host = self.base.host().unwrap_or("localhost");
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let https = self.base.scheme() != Some(&Scheme::HTTP);
+        let port = self.base.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tcp = tokio::net::TcpStream::connect((host, port))
+            .await
+            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        if !https {
+            return Ok(Box::new(tcp));
+        }
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(self.server_name.clone(), tcp)
+            .await
+            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        Ok(Box::new(stream))
+    }
+}
+
+/// A connector that bounds the whole connect (TCP and TLS) by a timeout.
+#[derive(Clone)]
+struct TimeoutConnector<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+impl<C> tower::Service<Uri> for TimeoutConnector<C>
+where
+    C: tower::Service<Uri> + Send,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connect = self.inner.call(uri);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connect).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => Err(format!("connect timed out after {timeout:?}").into()),
+            }
+        })
+    }
+}
+
+/// A byte stream to the apiserver (TLS or plain TCP).
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// Loads a kubeconfig file (with an optional context) or, with no path,
+/// the in-cluster configuration.
+///
+/// # Errors
+/// [`UpstreamError::Config`] describing what could not be loaded.
+pub async fn load_kube_config(
+    path: Option<&Path>,
+    context: Option<String>,
+) -> Result<kube::Config, UpstreamError> {
+    let options = kube::config::KubeConfigOptions {
+        context,
+        ..Default::default()
+    };
+    match path {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| UpstreamError::Config(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(|e| UpstreamError::Config(format!("{}: {e}", path.display())))
+        }
+        None => kube::Config::incluster().map_err(|e| {
+            UpstreamError::Config(format!(
+                "no upstream kubeconfig given and the in-cluster configuration is unavailable: {e}"
+            ))
+        }),
+    }
+}
+
+/// The error and its sources, joined, for messages and logs.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(url: &str) -> Upstream {
+        let cfg = kube::Config::new(url.parse().unwrap());
+        Upstream::new(&cfg, Duration::from_secs(1), Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn uri_keeps_base_prefix() {
+        let u = upstream("https://example.com:6443/k8s/clusters/c-1/");
+        let pq: PathAndQuery = "/api/v1/pods?watch=1".parse().unwrap();
+        assert_eq!(
+            u.uri(Some(&pq)).unwrap().to_string(),
+            "https://example.com:6443/k8s/clusters/c-1/api/v1/pods?watch=1"
+        );
+        let u = upstream("https://10.0.0.1:6443");
+        assert_eq!(
+            u.uri(Some(&pq)).unwrap().to_string(),
+            "https://10.0.0.1:6443/api/v1/pods?watch=1"
+        );
+    }
+
+    #[tokio::test]
+    async fn unreachable_is_a_fast_connect_error() {
+        // Bind and drop to find a port nobody listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let u = upstream(&format!("https://127.0.0.1:{port}"));
+        let req = Request::get(u.uri(Some(&"/api".parse().unwrap())).unwrap())
+            .body(crate::body::empty())
+            .unwrap();
+        let start = std::time::Instant::now();
+        let err = u.send(req, Credentials::Client).await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Connect(_)), "{err:?}");
+        assert!(start.elapsed() < Duration::from_secs(1));
+        assert_eq!(err.to_status().code, 503);
+    }
+}

@@ -1,0 +1,214 @@
+//! A test environment: the simulated apiserver and the real proxy in front
+//! of it, started through `kube_cache_proxy::run` on port 0 over real
+//! sockets and TLS.
+//!
+//! The proxy authenticates upstream as the sim's proxy user (a client
+//! certificate), trusts the sim's CA for client certificates (as a real
+//! deployment trusts the cluster's client CA), and serves its own
+//! certificate from a separate CA.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube_cache_proxy::config::Config;
+use kube_cache_proxy::pki::Ca;
+use kube_cache_proxy::sim::{Sim, SimConfig};
+use kube_cache_proxy::{Listeners, RunError};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::client::{Auth, Client};
+
+/// The sim, the proxy, and the files they share.
+pub struct Env {
+    pub sim: Sim,
+    pub dir: PathBuf,
+    pub proxy_url: String,
+    pub admin: SocketAddr,
+    pub proxy_ca_pem: String,
+    pub config: Config,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), RunError>>>,
+}
+
+/// A fresh temporary directory.
+pub fn tempdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kcp-test-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The proxy's default test configuration, writing its files in `dir`.
+pub fn proxy_config(sim: &Sim, dir: &std::path::Path, proxy_ca: &Ca) -> Config {
+    let serving = proxy_ca
+        .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let mut config = Config {
+        listen: "127.0.0.1:0".into(),
+        admin_listen: "127.0.0.1:0".into(),
+        shutdown_grace_period_seconds: 2,
+        ..Config::default()
+    };
+    config.tls.cert_file = Some(write("tls.crt", &serving.cert_pem));
+    config.tls.private_key_file = Some(write("tls.key", &serving.key_pem));
+    config.tls.client_ca_file = Some(write("client-ca.crt", &sim.ca_pem()));
+    config.upstream.kubeconfig = Some(write(
+        "upstream.kubeconfig",
+        &sim.kubeconfig(&SimConfig::default().proxy_user, None),
+    ));
+    // Fast-moving caches for tests.
+    config.cache.bookmark_interval_seconds = 1;
+    config.cache.ready_wait_milliseconds = 5000;
+    config
+}
+
+impl Env {
+    /// The sim with `sim_config` and the proxy with the test configuration
+    /// adjusted by `customize`.
+    pub async fn start_with(sim_config: SimConfig, customize: impl FnOnce(&mut Config)) -> Env {
+        let sim = Sim::start(sim_config).await.unwrap();
+        let dir = tempdir();
+        let proxy_ca = Ca::new("kube-cache-proxy-test-ca").unwrap();
+        let mut config = proxy_config(&sim, &dir, &proxy_ca);
+        customize(&mut config);
+        config.validate().unwrap();
+        let listeners = Listeners::bind(&config).await.unwrap();
+        let port = listeners.api.local_addr().unwrap().port();
+        let admin = listeners.admin.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(kube_cache_proxy::run(
+            listeners,
+            config.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Env {
+            sim,
+            dir,
+            proxy_url: format!("https://127.0.0.1:{port}"),
+            admin,
+            proxy_ca_pem: proxy_ca.cert_pem(),
+            config,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// The default sim and proxy.
+    pub async fn start() -> Env {
+        Env::start_with(SimConfig::default(), |_| {}).await
+    }
+
+    /// A client certificate issued by the cluster CA.
+    pub fn cert(&self, user: &str, group: Option<&str>) -> Auth {
+        Auth::Cert(self.sim.issue_client(user, group))
+    }
+
+    /// `CN=admin, O=system:masters`.
+    pub fn admin(&self) -> Auth {
+        self.cert("admin", Some("system:masters"))
+    }
+
+    /// A client of the proxy (HTTP/1.1).
+    pub fn proxy(&self, auth: Auth) -> Client {
+        Client::new(&self.proxy_url, &self.proxy_ca_pem, auth, false)
+    }
+
+    /// A client of the proxy (HTTP/2).
+    pub fn proxy_h2(&self, auth: Auth) -> Client {
+        Client::new(&self.proxy_url, &self.proxy_ca_pem, auth, true)
+    }
+
+    /// A client of the sim directly.
+    pub fn direct(&self, auth: Auth) -> Client {
+        Client::new(&self.sim.url(), &self.sim.ca_pem(), auth, false)
+    }
+
+    /// A plain-HTTP GET on the admin port: (status, body).
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.admin).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out[9..12].parse().unwrap();
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, dechunk(&body))
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn ready(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, body) = self.admin_get("/readyz?verbose").await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "proxy not ready: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the proxy (as on SIGTERM) and waits for `run` to return.
+    pub async fn stop_proxy(&mut self) -> Result<(), RunError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("proxy did not stop in time")
+                .unwrap(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Decodes a chunked HTTP/1.1 body, or returns it unchanged.
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    loop {
+        let Some((size, after)) = rest.split_once("\r\n") else {
+            return body.to_string();
+        };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            return body.to_string();
+        };
+        if n == 0 {
+            return out;
+        }
+        if after.len() < n {
+            return body.to_string();
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+}
