@@ -75,6 +75,93 @@ pub struct Config {
     pub node_name: String,
     /// The watch cache.
     pub cache: CacheConfig,
+    /// How clients are authenticated.
+    pub authentication: AuthenticationConfig,
+    /// How reads served from the cache are authorized.
+    pub authorization: AuthorizationConfig,
+}
+
+/// Client authentication.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct AuthenticationConfig {
+    /// Requests without credentials.
+    pub anonymous: AnonymousConfig,
+    /// Bearer tokens, checked with a TokenReview upstream.
+    pub token_review: TokenReviewConfig,
+}
+
+/// Anonymous requests.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct AnonymousConfig {
+    /// Treat requests without credentials as `system:anonymous` in
+    /// `system:unauthenticated` (then authorized like any user), as
+    /// kube-apiserver does by default. `false`: answer them `401`.
+    /// Default true.
+    pub enabled: bool,
+}
+
+impl Default for AnonymousConfig {
+    fn default() -> Self {
+        AnonymousConfig { enabled: true }
+    }
+}
+
+/// The TokenReview cache.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct TokenReviewConfig {
+    /// How long an authenticated token is trusted, in seconds (never past
+    /// a JWT's own expiry). Default 120, kube-apiserver's
+    /// `--authentication-token-webhook-cache-ttl`.
+    pub cache_ttl_seconds: u64,
+    /// How long a rejected token stays rejected, in seconds. Default 10.
+    pub failure_cache_ttl_seconds: u64,
+    /// Most tokens cached. Default 10000.
+    pub cache_size: u64,
+}
+
+impl Default for TokenReviewConfig {
+    fn default() -> Self {
+        TokenReviewConfig {
+            cache_ttl_seconds: 120,
+            failure_cache_ttl_seconds: 10,
+            cache_size: 10_000,
+        }
+    }
+}
+
+/// Authorization of cached reads.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct AuthorizationConfig {
+    /// The SubjectAccessReview decision cache.
+    pub subject_access_review: SubjectAccessReviewConfig,
+}
+
+/// The SubjectAccessReview decision cache.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct SubjectAccessReviewConfig {
+    /// How long an allowed decision is reused, in seconds. Default 300, as
+    /// kube-apiserver's `--authorization-webhook-cache-authorized-ttl`.
+    pub allowed_cache_ttl_seconds: u64,
+    /// How long a denied decision is reused, in seconds. Default 30, as
+    /// `--authorization-webhook-cache-unauthorized-ttl`.
+    pub denied_cache_ttl_seconds: u64,
+    /// Most decisions cached. Default 10000.
+    pub cache_size: u64,
+}
+
+impl Default for SubjectAccessReviewConfig {
+    fn default() -> Self {
+        SubjectAccessReviewConfig {
+            allowed_cache_ttl_seconds: 300,
+            denied_cache_ttl_seconds: 30,
+            cache_size: 10_000,
+        }
+    }
 }
 
 /// The watch cache: which resources, and how reads behave.
@@ -340,6 +427,8 @@ impl Default for Config {
             max_connections: 10_000,
             node_name: String::new(),
             cache: CacheConfig::default(),
+            authentication: AuthenticationConfig::default(),
+            authorization: AuthorizationConfig::default(),
         }
     }
 }

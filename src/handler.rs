@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::{Credential, UserInfo};
+use crate::auth::access::{Attributes, Decision, forbidden};
+use crate::auth::{Auth, AuthFailure, Credential, UserInfo};
 use crate::body::{self, Body};
 use crate::cache::Caches;
 use crate::cache::resource::ResourceCache;
@@ -23,6 +24,7 @@ use crate::cache::serve::{Answer, Read, serve};
 use crate::metrics::{Metrics, Source};
 use crate::proxy;
 use crate::request::RequestInfo;
+use crate::status::Status;
 use crate::upstream::{Credentials, Upstream};
 
 /// What the proxy knows about the connection a request arrived on.
@@ -40,6 +42,7 @@ pub struct Handler {
     upstream: Upstream,
     metrics: Metrics,
     caches: Caches,
+    auth: Auth,
     shutdown: CancellationToken,
     known_resources: HashSet<String>,
 }
@@ -56,13 +59,14 @@ impl Drop for InFlight {
 // === impl Handler ===
 
 impl Handler {
-    /// A handler that answers reads of cached resources from `caches` and
-    /// passes everything else to `upstream`. `shutdown` ends cache-served
-    /// watches.
+    /// A handler that answers reads of cached resources from `caches`
+    /// (authorized by `auth`) and passes everything else to `upstream`.
+    /// `shutdown` ends cache-served watches.
     pub fn new(
         upstream: Upstream,
         metrics: Metrics,
         caches: Caches,
+        auth: Auth,
         shutdown: CancellationToken,
     ) -> Handler {
         let known_resources = crate::resource::BUILT_INS
@@ -74,6 +78,7 @@ impl Handler {
             upstream,
             metrics,
             caches,
+            auth,
             shutdown,
             known_resources,
         }
@@ -118,42 +123,132 @@ impl Handler {
         info: &RequestInfo,
         conn: &ConnInfo,
     ) -> (Response<Body>, Source) {
+        let credential = Credential::of(conn.cert_user.as_ref(), req.headers());
+        if credential == Credential::None && !self.auth.anonymous_enabled() {
+            return (crate::auth::unauthorized().into_response(), Source::Proxy);
+        }
+        // The user the request acts as, once known.
+        let mut identity: Option<UserInfo> = None;
         if let Some(cache) = self.cache_for(&req, info) {
-            let gauge = self
-                .metrics
-                .in_flight
-                .with_label_values(&[Source::Cache.as_str()]);
-            gauge.inc();
-            let guard = InFlight(gauge);
-            let read = Read {
-                info,
-                query: req.uri().query(),
-                accept: req.headers().get(header::ACCEPT),
-                arrived: Instant::now(),
-            };
-            if let Answer::Served(resp) = serve(cache, &self.upstream, read, &self.shutdown).await {
-                let (parts, body) = resp.into_parts();
-                return (
-                    Response::from_parts(parts, body::guarded(body, guard)),
-                    Source::Cache,
-                );
+            match self.auth.identify(&credential, req.headers()).await {
+                Ok(user) => {
+                    let attrs = Attributes::for_request(&user, info, req.uri().query());
+                    identity = Some(user);
+                    match self.auth.authorize(&attrs).await {
+                        Ok(Decision::Allow) => {
+                            if let Some(resp) = self.answer_from_cache(cache, &req, info).await {
+                                return (resp, Source::Cache);
+                            }
+                        }
+                        Ok(Decision::Deny(reason)) => {
+                            return (forbidden(&attrs, &reason).into_response(), Source::Proxy);
+                        }
+                        Err(error) => {
+                            // Upstream decides instead; it will authorize the
+                            // request itself.
+                            tracing::debug!(%error, "authorization unavailable; passing through");
+                        }
+                    }
+                }
+                Err(AuthFailure::Unauthorized) => {
+                    return (crate::auth::unauthorized().into_response(), Source::Proxy);
+                }
+                Err(AuthFailure::Status(status)) => return (status.into_response(), Source::Proxy),
+                Err(AuthFailure::Unavailable(error)) => {
+                    tracing::debug!(%error, "authentication unavailable; passing through");
+                }
             }
         }
-        let credential = Credential::of(conn.cert_user.as_ref(), req.headers());
-        let (headers, credentials) = passthrough_headers(req.headers(), &credential);
+        self.pass_through(req, info, conn, credential, identity)
+            .await
+    }
+
+    /// Answers from the cache, or `None` when the cache declines.
+    async fn answer_from_cache(
+        &self,
+        cache: &Arc<ResourceCache>,
+        req: &Request<Incoming>,
+        info: &RequestInfo,
+    ) -> Option<Response<Body>> {
+        let gauge = self
+            .metrics
+            .in_flight
+            .with_label_values(&[Source::Cache.as_str()]);
+        gauge.inc();
+        let guard = InFlight(gauge);
+        let read = Read {
+            info,
+            query: req.uri().query(),
+            accept: req.headers().get(header::ACCEPT),
+            arrived: Instant::now(),
+        };
+        match serve(cache, &self.upstream, read, &self.shutdown).await {
+            Answer::Served(resp) => {
+                let (parts, body) = resp.into_parts();
+                Some(Response::from_parts(parts, body::guarded(body, guard)))
+            }
+            Answer::PassThrough(_) => None,
+        }
+    }
+
+    async fn pass_through(
+        &self,
+        req: Request<Incoming>,
+        info: &RequestInfo,
+        conn: &ConnInfo,
+        credential: Credential,
+        identity: Option<UserInfo>,
+    ) -> (Response<Body>, Source) {
+        let (headers, credentials) = match &credential {
+            // Certificate users travel on the proxy's credentials,
+            // impersonated; what they asked to impersonate is checked first.
+            Credential::Certificate(user) => {
+                let target = match identity {
+                    Some(target) => target,
+                    None if impersonation_requested(req.headers()) => {
+                        match self.auth.identify(&credential, req.headers()).await {
+                            Ok(target) => target,
+                            Err(AuthFailure::Unauthorized) => {
+                                return (
+                                    crate::auth::unauthorized().into_response(),
+                                    Source::Proxy,
+                                );
+                            }
+                            Err(AuthFailure::Status(status)) => {
+                                return (status.into_response(), Source::Proxy);
+                            }
+                            Err(AuthFailure::Unavailable(error)) => {
+                                return (
+                                    Status::service_unavailable(format!(
+                                        "impersonation could not be authorized: {error}"
+                                    ))
+                                    .into_response(),
+                                    Source::Proxy,
+                                );
+                            }
+                        }
+                    }
+                    None => user.clone(),
+                };
+                let mut headers = without_identity_headers(req.headers());
+                impersonate(&mut headers, &target);
+                (headers, Credentials::Proxy)
+            }
+            // Tokens and anonymous requests travel as they are; the
+            // apiserver authenticates and authorizes them itself.
+            Credential::Bearer(_) | Credential::None => {
+                (req.headers().clone(), Credentials::Client)
+            }
+        };
         let gauge = self
             .metrics
             .in_flight
             .with_label_values(&[Source::Upstream.as_str()]);
         gauge.inc();
         let guard = InFlight(gauge);
-        let overhead = Instant::now();
         let result = if proxy::is_upgrade(&req) {
             proxy::forward_upgrade(&self.upstream, req, headers, credentials, conn.remote).await
         } else {
-            self.metrics
-                .proxy_overhead
-                .observe(overhead.elapsed().as_secs_f64());
             proxy::forward(&self.upstream, req, headers, credentials, conn.remote).await
         };
         match result {
@@ -210,29 +305,11 @@ impl Handler {
     }
 }
 
-/// The headers a pass-through request carries upstream, and on which
-/// credentials, for the identity that sent it.
-///
-/// - Client certificate: the proxy's credentials, impersonating the
-///   certificate's user and groups, so the Node authorizer and
-///   NodeRestriction admission see the node exactly as before. The client's
-///   own `Authorization`, `Impersonate-*` and front-proxy `X-Remote-*`
-///   headers are removed: they must never ride on the proxy's credentials.
-/// - Bearer token or nothing: the client's own headers, on a connection
-///   without the proxy's credentials; the apiserver authenticates and
-///   authorizes them itself.
-pub fn passthrough_headers(
-    headers: &HeaderMap,
-    credential: &Credential,
-) -> (HeaderMap, Credentials) {
-    match credential {
-        Credential::Certificate(user) => {
-            let mut out = without_identity_headers(headers);
-            impersonate(&mut out, user);
-            (out, Credentials::Proxy)
-        }
-        Credential::Bearer(_) | Credential::None => (headers.clone(), Credentials::Client),
-    }
+/// Whether the client asks to impersonate someone.
+fn impersonation_requested(headers: &HeaderMap) -> bool {
+    headers
+        .keys()
+        .any(|k| k.as_str().starts_with("impersonate-"))
 }
 
 /// A copy of `headers` without credentials or identity assertions.
@@ -302,17 +379,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn certificate_users_are_impersonated_on_proxy_credentials() {
+    fn identity_headers_are_replaced_by_impersonation() {
         let mut h = HeaderMap::new();
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
         h.insert("impersonate-user", HeaderValue::from_static("root"));
         h.insert("x-remote-user", HeaderValue::from_static("root"));
         h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        assert!(impersonation_requested(&h));
         let mut user = UserInfo::new("system:node:n1", &["system:nodes", "system:authenticated"]);
         user.extra
             .insert("example.com/Scope".into(), vec!["a".into()]);
-        let (out, creds) = passthrough_headers(&h, &Credential::Certificate(user));
-        assert_eq!(creds, Credentials::Proxy);
+        let mut out = without_identity_headers(&h);
+        impersonate(&mut out, &user);
         assert!(!out.contains_key(header::AUTHORIZATION));
         assert!(!out.contains_key("x-remote-user"));
         assert_eq!(out["impersonate-user"], "system:node:n1");
@@ -320,14 +398,5 @@ mod tests {
         assert_eq!(groups, vec!["system:nodes"]);
         assert_eq!(out["impersonate-extra-example.com%2fscope"], "a");
         assert_eq!(out[header::ACCEPT], "application/json");
-    }
-
-    #[test]
-    fn bearer_requests_keep_their_headers() {
-        let mut h = HeaderMap::new();
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
-        let (out, creds) = passthrough_headers(&h, &Credential::Bearer("x".into()));
-        assert_eq!(creds, Credentials::Client);
-        assert_eq!(out, h);
     }
 }

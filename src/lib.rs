@@ -12,6 +12,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod go;
 pub mod handler;
 pub mod kubeconfig;
 pub mod metrics;
@@ -136,10 +137,18 @@ pub async fn run(
     let cache_metrics = cache::metrics::CacheMetrics::new(metrics.registry())?;
     let caches = cache::Caches::new(&config.cache, &config.node_name, &cache_metrics)?;
     caches.spawn_reflectors(&upstream, &readiness, &token);
+    let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
+    let auth = auth::Auth::new(
+        &upstream,
+        &config.authentication,
+        &config.authorization,
+        auth_metrics,
+    );
     let handler = Arc::new(Handler::new(
         upstream,
         metrics.clone(),
         caches,
+        auth,
         token.clone(),
     ));
     let options = ServeOptions {

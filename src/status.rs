@@ -206,10 +206,9 @@ impl Status {
         StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
-    /// The JSON encoding, without a trailing newline.
+    /// The JSON encoding (Go's escaping), without a trailing newline.
     pub fn to_json(&self) -> Bytes {
-        // Serializing a struct of strings and integers cannot fail.
-        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+        Bytes::from(crate::go::to_vec(self))
     }
 
     /// The response the apiserver would send: the status code, JSON body with a
@@ -217,9 +216,7 @@ impl Status {
     /// application/json`, `Cache-Control: no-cache, private`, and
     /// `Retry-After` when the status carries `retryAfterSeconds`.
     pub fn into_response(self) -> Response<Body> {
-        let mut json = serde_json::to_vec(&self).unwrap_or_default();
-        json.push(b'\n');
-        let mut response = Response::new(body::full(json));
+        let mut response = Response::new(body::full(crate::go::to_line(&self)));
         *response.status_mut() = self.status_code();
         let headers = response.headers_mut();
         headers.insert(
@@ -232,6 +229,9 @@ impl Status {
         );
         if let Some(secs) = self.details.as_ref().and_then(|d| d.retry_after_seconds) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Ok(id) = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string()) {
+            headers.insert("audit-id", id);
         }
         response
     }

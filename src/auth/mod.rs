@@ -1,17 +1,40 @@
-//! Who is asking: the identity of each downstream request.
+//! Who is asking, and may they: authentication of every downstream request
+//! and authorization of every read the cache answers, so the cache never
+//! shows anyone what kube-apiserver would not.
 //!
 //! Authentication follows the apiserver's order (its union authenticator):
-//! a verified client certificate first (user = CN, groups = O), then a
-//! bearer token, then anonymous.
+//! a client certificate verified against the client CA (user = CN, groups
+//! = O), then a bearer token (TokenReview upstream), then anonymous
+//! (`system:anonymous` in `system:unauthenticated`, unless disabled).
+//! Client-requested impersonation is then authorized (see
+//! [`impersonation`]). A read answered from the cache is authorized with a
+//! SubjectAccessReview (see [`access`]); a watch once, when it starts.
 
+pub mod access;
+pub mod impersonation;
+pub mod metrics;
+pub mod review;
+pub mod token;
 mod user;
 
 pub use user::{
     ANONYMOUS_USER, AUTHENTICATED_GROUP, CREDENTIAL_ID_EXTRA, UNAUTHENTICATED_GROUP, UserInfo,
 };
 
+use std::time::Duration;
+
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
+
+use crate::config::{AuthenticationConfig, AuthorizationConfig};
+use crate::status::Status;
+use crate::upstream::Upstream;
+
+use self::access::{AccessReviewer, AccessSettings, Attributes, Decision};
+use self::impersonation::{ImpersonationError, impersonate, requested};
+use self::metrics::AuthMetrics;
+use self::review::ReviewError;
+use self::token::{TokenAuthenticator, TokenResult, TokenSettings};
 
 /// The credential a request presented.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +45,17 @@ pub enum Credential {
     Bearer(String),
     /// No credential.
     None,
+}
+
+/// Why a request's identity could not be established.
+#[derive(Debug, Clone)]
+pub enum AuthFailure {
+    /// `401 Unauthorized`.
+    Unauthorized,
+    /// The apiserver's `400` or `403` (impersonation).
+    Status(Box<Status>),
+    /// Upstream could not be asked.
+    Unavailable(ReviewError),
 }
 
 // === impl Credential ===
@@ -51,6 +85,105 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     }
     let token = token.trim();
     (!token.is_empty()).then_some(token)
+}
+
+/// Authentication and authorization.
+#[derive(Debug)]
+pub struct Auth {
+    tokens: TokenAuthenticator,
+    access: AccessReviewer,
+    anonymous: bool,
+}
+
+// === impl Auth ===
+
+impl Auth {
+    /// Builds the authenticator and authorizer, asking `upstream`.
+    pub fn new(
+        upstream: &Upstream,
+        authn: &AuthenticationConfig,
+        authz: &AuthorizationConfig,
+        metrics: AuthMetrics,
+    ) -> Auth {
+        let t = &authn.token_review;
+        let a = &authz.subject_access_review;
+        Auth {
+            tokens: TokenAuthenticator::new(
+                upstream.clone(),
+                TokenSettings {
+                    success_ttl: Duration::from_secs(t.cache_ttl_seconds),
+                    failure_ttl: Duration::from_secs(t.failure_cache_ttl_seconds),
+                    capacity: t.cache_size,
+                },
+                metrics.clone(),
+            ),
+            access: AccessReviewer::new(
+                upstream.clone(),
+                AccessSettings {
+                    allowed_ttl: Duration::from_secs(a.allowed_cache_ttl_seconds),
+                    denied_ttl: Duration::from_secs(a.denied_cache_ttl_seconds),
+                    capacity: a.cache_size,
+                },
+                metrics,
+            ),
+            anonymous: authn.anonymous.enabled,
+        }
+    }
+
+    /// Whether requests without credentials are `system:anonymous`
+    /// (otherwise they get `401`).
+    pub fn anonymous_enabled(&self) -> bool {
+        self.anonymous
+    }
+
+    /// The user a request acts as: its authenticated user, or the user it
+    /// impersonates once that is authorized.
+    ///
+    /// # Errors
+    /// [`AuthFailure`].
+    pub async fn identify(
+        &self,
+        credential: &Credential,
+        headers: &HeaderMap,
+    ) -> Result<UserInfo, AuthFailure> {
+        let user = match credential {
+            Credential::Certificate(user) => user.clone(),
+            Credential::Bearer(token) => match self.tokens.authenticate(token).await {
+                Ok(TokenResult::Authenticated(user)) => user,
+                Ok(TokenResult::Rejected) => return Err(AuthFailure::Unauthorized),
+                Err(e) => return Err(AuthFailure::Unavailable(e)),
+            },
+            Credential::None if self.anonymous => UserInfo::anonymous(),
+            Credential::None => return Err(AuthFailure::Unauthorized),
+        };
+        match requested(headers).map_err(AuthFailure::Status)? {
+            None => Ok(user),
+            Some(req) => impersonate(&self.access, &user, &req)
+                .await
+                .map_err(|e| match e {
+                    ImpersonationError::Status(s) => AuthFailure::Status(s),
+                    ImpersonationError::Review(e) => AuthFailure::Unavailable(e),
+                }),
+        }
+    }
+
+    /// Decides whether `attrs` are allowed.
+    ///
+    /// # Errors
+    /// [`ReviewError`] when the decision could not be made.
+    pub async fn authorize(&self, attrs: &Attributes) -> Result<Decision, ReviewError> {
+        self.access.authorize(attrs).await
+    }
+
+    /// The token authenticator (for inspection in tests).
+    pub fn tokens(&self) -> &TokenAuthenticator {
+        &self.tokens
+    }
+}
+
+/// `401 Unauthorized`, as the apiserver's authentication filter writes it.
+pub fn unauthorized() -> Status {
+    Status::unauthorized()
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! unknown parameter, a malformed number) is a [`QueryError::PassThrough`]:
 //! upstream answers it.
 
+use crate::go::quote as go_quote;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{Cause, Status};
 
@@ -269,38 +270,6 @@ fn parse_uint(s: &str) -> Result<u64, &'static str> {
     s.parse::<u64>().map_err(|_| "value out of range")
 }
 
-/// Go's `strconv.Quote` (as `%q` prints strings).
-pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if c.is_control() => {
-                if (c as u32) < 0x10000 {
-                    out.push_str(&format!("\\u{:04x}", c as u32));
-                } else {
-                    out.push_str(&format!("\\U{:08x}", c as u32));
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,6 +388,5 @@ mod tests {
                 .unwrap_err()
                 .ends_with("value out of range")
         );
-        assert_eq!(go_quote("a\"b\n\u{1}é"), "\"a\\\"b\\n\\x01é\"");
     }
 }

@@ -11,7 +11,8 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{gojson, json};
+use super::gojson;
+use crate::go as json;
 
 const VERSION: &str = "meta.k8s.io/v1";
 const INVALID: &str = "continue key is not valid";

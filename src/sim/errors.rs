@@ -6,40 +6,7 @@ use http::StatusCode;
 
 use crate::status::{Cause, Details, Status, qualified_resource};
 
-/// Go's `strconv.Quote`: double quotes, `\"` and `\\` escaped, control and
-/// non-printable characters escaped, printable Unicode kept.
-pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            // Go's IsPrint rejects controls and every space but U+0020.
-            c if c.is_control() || (c.is_whitespace() && c != ' ') => {
-                let n = c as u32;
-                if n > 0xffff {
-                    out.push_str(&format!("\\U{n:08x}"));
-                } else {
-                    out.push_str(&format!("\\u{n:04x}"));
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+pub use crate::go::quote as go_quote;
 
 /// `409 AlreadyExists`: `configmaps "x" already exists`.
 pub fn already_exists(group: &str, resource: &str, name: &str) -> Status {

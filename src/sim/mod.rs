@@ -34,7 +34,6 @@ mod gojson;
 mod graph;
 mod handler;
 mod impersonate;
-mod json;
 mod list;
 mod node_authz;
 mod object;
@@ -65,9 +64,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde_json::Value;
 
+pub use crate::go::{GoFormatter, to_line as go_json_line, to_vec as go_json};
 pub use authn::{AuthMethod, UserInfo};
 pub use authz::{Attributes, Decision, Policy};
-pub use json::{GoFormatter, to_line as go_json_line, to_vec as go_json};
 pub use rbac::{Rule, Subject};
 pub use resources::ResourceSpec;
 pub use stats::{RequestRecord, Stats};

@@ -7,8 +7,8 @@ use http::{HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::json;
 use crate::body::{self, Body};
+use crate::go as json;
 use crate::status::Status;
 
 /// `value` as the apiserver's JSON serializer writes it, with `code`.

@@ -19,7 +19,6 @@ use tokio::time::Instant;
 
 use super::accept::Output;
 use super::errors;
-use super::json;
 use super::object;
 use super::options::{ListOptions, parse_rv};
 use super::resources::ResourceSpec;
@@ -30,6 +29,7 @@ use super::stats::WatchGuard;
 use super::store::{Event, EventType, Initial, TooOld, WATCHER_QUEUE, WatchFrom};
 use super::table;
 use crate::body::{self, Body, BoxError};
+use crate::go as json;
 use crate::selector::{FieldRequirement, FieldSelector};
 use crate::status::Status;
 

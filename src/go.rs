@@ -1,8 +1,9 @@
-//! JSON encoded the way Go's `encoding/json` encodes it, which is what
-//! kube-apiserver writes: compact, `<`, `>` and `&` escaped as `\u003c`,
-//! `\u003e` and `\u0026`, U+2028/U+2029 escaped, floats in Go's shortest
-//! form (`1` not `1.0`, `1e+21` not `1e21`). Go's `json.Encoder` ends every
-//! value with a newline; [`to_line`] does the same.
+//! Go-compatible encodings, for bodies and messages byte-identical to
+//! kube-apiserver's: JSON as Go's `encoding/json` writes it (compact,
+//! `<`, `>` and `&` escaped as `\u003c`, `\u003e` and `\u0026`,
+//! U+2028/U+2029 escaped, floats in Go's shortest form; `json.Encoder`
+//! ends every value with a newline, as [`to_line`] does), and strings
+//! quoted as Go's `strconv.Quote` (`%q`) quotes them ([`quote`]).
 
 use std::io;
 
@@ -89,6 +90,41 @@ pub fn to_line<T: Serialize + ?Sized>(value: &T) -> Bytes {
     let mut out = to_vec(value);
     out.push(b'\n');
     Bytes::from(out)
+}
+
+/// Go's `strconv.Quote`: double quotes, `\"` and `\\` escaped, control and
+/// non-printable characters escaped, printable Unicode kept.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            // Go's IsPrint rejects controls and every space but U+0020.
+            c if c.is_control() || (c.is_whitespace() && c != ' ') => {
+                let n = c as u32;
+                if n > 0xffff {
+                    out.push_str(&format!("\\U{n:08x}"));
+                } else {
+                    out.push_str(&format!("\\u{n:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
