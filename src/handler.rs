@@ -34,6 +34,9 @@ pub struct ConnInfo {
     pub remote: SocketAddr,
     /// The user of a verified client certificate, if one was presented.
     pub cert_user: Option<UserInfo>,
+    /// A certificate was presented that does not authenticate anyone
+    /// (untrusted, expired, no CN): every request gets `401`.
+    pub cert_rejected: bool,
 }
 
 /// Serves requests.
@@ -124,7 +127,8 @@ impl Handler {
         conn: &ConnInfo,
     ) -> (Response<Body>, Source) {
         let credential = Credential::of(conn.cert_user.as_ref(), req.headers());
-        if credential == Credential::None && !self.auth.anonymous_enabled() {
+        if conn.cert_rejected || (credential == Credential::None && !self.auth.anonymous_enabled())
+        {
             return (crate::auth::unauthorized().into_response(), Source::Proxy);
         }
         // The user the request acts as, once known.

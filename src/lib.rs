@@ -160,7 +160,7 @@ pub async fn run(
     }
     let serving = serve::serve(
         listeners.api,
-        tls.config(),
+        tls.clone(),
         handler,
         metrics,
         options,

@@ -13,7 +13,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -24,6 +23,7 @@ use tracing::Instrument;
 use crate::auth::UserInfo;
 use crate::handler::{ConnInfo, Handler};
 use crate::metrics::Metrics;
+use crate::tls::ServerTls;
 
 /// Bound on a client's TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,13 +44,13 @@ pub struct ServeOptions {
 /// cancelled, then drains them within the grace period.
 pub async fn serve(
     listener: TcpListener,
-    tls: Arc<ServerConfig>,
+    server_tls: ServerTls,
     handler: Arc<Handler>,
     metrics: Metrics,
     options: ServeOptions,
     shutdown: CancellationToken,
 ) {
-    let acceptor = TlsAcceptor::from(tls);
+    let acceptor = TlsAcceptor::from(server_tls.config());
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let graceful = GracefulShutdown::new();
     let mut tasks = JoinSet::new();
@@ -76,6 +76,7 @@ pub async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
+        let server_tls = server_tls.clone();
         let handler = handler.clone();
         let metrics = metrics.clone();
         let watcher = graceful.watcher();
@@ -103,14 +104,24 @@ pub async fn serve(
                         return;
                     }
                 };
-                let cert_user = tls
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|chain| chain.first())
-                    .and_then(|der| UserInfo::from_certificate(der))
-                    .map(UserInfo::with_authenticated_group);
-                let conn = Arc::new(ConnInfo { remote, cert_user });
+                // Like the apiserver's x509 authenticator: a certificate that
+                // does not chain to the client CA (or has no CN) fails
+                // authentication, which is a 401, not a handshake error.
+                let (cert_user, cert_rejected) = match tls.get_ref().1.peer_certificates() {
+                    None | Some([]) => (None, false),
+                    Some(chain) if server_tls.verify_client(chain) => {
+                        match UserInfo::from_certificate(&chain[0]) {
+                            Some(user) => (Some(user.with_authenticated_group()), false),
+                            None => (None, true),
+                        }
+                    }
+                    Some(_) => (None, true),
+                };
+                let conn = Arc::new(ConnInfo {
+                    remote,
+                    cert_user,
+                    cert_rejected,
+                });
                 metrics.connections.inc();
                 let svc = service_fn(move |req| {
                     let handler = handler.clone();

@@ -105,6 +105,14 @@ impl ServerTls {
         self.config.clone()
     }
 
+    /// Whether a client's certificate chain (leaf first) chains to the
+    /// current client-CA bundle and is valid now.
+    pub fn verify_client(&self, chain: &[CertificateDer<'_>]) -> bool {
+        self.client_ca
+            .as_ref()
+            .is_some_and(|ca| ca.verifier().verify(chain))
+    }
+
     /// Re-reads files whose modification time or size changed. A file that
     /// fails to parse is logged and the previous material kept.
     pub fn reload_if_changed(&self) {
@@ -232,12 +240,95 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
+/// Requests client certificates and accepts any at the TLS layer, like Go's
+/// `tls.RequestClientCert` that kube-apiserver uses: whether a certificate
+/// authenticates anyone is decided after the handshake with
+/// [`AnyClientCert::verify`], so an untrusted one gets `401`, not a failed
+/// handshake. The handshake still proves the client holds the key.
+#[derive(Debug)]
+pub struct AnyClientCert {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl AnyClientCert {
+    /// Trusting `roots`.
+    ///
+    /// # Errors
+    /// When the roots are unusable.
+    pub fn new(
+        roots: RootCertStore,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<AnyClientCert, rustls::server::VerifierBuilderError> {
+        let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .allow_unauthenticated()
+            .build()?;
+        Ok(AnyClientCert { inner })
+    }
+
+    /// Whether `chain` (leaf first) chains to the roots and is valid now.
+    pub fn verify(&self, chain: &[CertificateDer<'_>]) -> bool {
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return false;
+        };
+        self.inner
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+            .is_ok()
+    }
+}
+
+impl ClientCertVerifier for AnyClientCert {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    /// No hints: clients then send any certificate they hold (Go and rustls
+    /// clients do), as with kube-apiserver's empty-hint default.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 /// The client-certificate verifier, rebuilt when the CA bundle changes.
 #[derive(Debug)]
 struct ReloadingClientCa {
     path: PathBuf,
     provider: Arc<CryptoProvider>,
-    current: RwLock<(Arc<dyn ClientCertVerifier>, Stamp)>,
+    current: RwLock<(Arc<AnyClientCert>, Stamp)>,
 }
 
 impl ReloadingClientCa {
@@ -251,10 +342,7 @@ impl ReloadingClientCa {
         })
     }
 
-    fn read(
-        path: &Path,
-        provider: &Arc<CryptoProvider>,
-    ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    fn read(path: &Path, provider: &Arc<CryptoProvider>) -> Result<Arc<AnyClientCert>, TlsError> {
         let mut roots = RootCertStore::empty();
         for cert in read_certs(path)? {
             roots.add(cert).map_err(|source| TlsError::Rustls {
@@ -262,16 +350,15 @@ impl ReloadingClientCa {
                 source,
             })?;
         }
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .allow_unauthenticated()
-            .build()
+        AnyClientCert::new(roots, provider.clone())
+            .map(Arc::new)
             .map_err(|e| TlsError::File {
                 path: path.to_path_buf(),
                 message: e.to_string(),
             })
     }
 
-    fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
+    fn verifier(&self) -> Arc<AnyClientCert> {
         self.current.read().0.clone()
     }
 
@@ -301,9 +388,6 @@ impl ClientCertVerifier for ReloadingClientCa {
         false
     }
 
-    /// No hints: a reloadable bundle cannot lend out a borrowed list, and an
-    /// empty list tells clients any certificate they hold is acceptable,
-    /// which is what Go and rustls clients then send.
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         &[]
     }

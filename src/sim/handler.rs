@@ -33,6 +33,8 @@ use crate::status::Status;
 pub struct ConnInfo {
     /// The user of the verified client certificate, if one was presented.
     pub cert_user: Option<UserInfo>,
+    /// A certificate was presented that authenticates no one.
+    pub cert_rejected: bool,
     /// Fires when the server stops.
     pub shutdown: watch::Receiver<bool>,
 }
@@ -80,12 +82,17 @@ pub async fn handle(
         status: 0,
     };
 
-    let mut response = match authn::authenticate(
-        conn.cert_user.as_ref(),
-        &headers,
-        &state.tokens,
-        state.config.anonymous_auth,
-    ) {
+    let authenticated = if conn.cert_rejected {
+        Err(())
+    } else {
+        authn::authenticate(
+            conn.cert_user.as_ref(),
+            &headers,
+            &state.tokens,
+            state.config.anonymous_auth,
+        )
+    };
+    let mut response = match authenticated {
         Err(()) => respond::status(Status::unauthorized()),
         Ok((user, method_used)) => {
             record.authenticated_user = user.name.clone();

@@ -133,7 +133,7 @@ impl Sim {
         let listener = server::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
         let addr = listener.local_addr()?;
         let ca = Ca::new("kube-cache-proxy-sim-ca").map_err(io::Error::other)?;
-        let tls = server::tls_config(&ca)?;
+        let (tls, client_certs) = server::tls_config(&ca)?;
         let (drops, _) = tokio::sync::watch::channel(0);
         let state = Arc::new(State {
             store: store::Store::new(config.initial_resource_version, config.history_limit),
@@ -144,6 +144,7 @@ impl Sim {
             drops,
             addr,
             ca,
+            client_certs,
             config,
         });
         let server = Server::spawn(state.clone(), listener, tls.clone());

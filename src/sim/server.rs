@@ -13,7 +13,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use rustls::RootCertStore;
-use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls::server::ServerConfig;
+
+use crate::tls::AnyClientCert;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -43,16 +45,13 @@ pub struct Server {
 ///
 /// # Errors
 /// When certificate generation or the rustls setup fails.
-pub fn tls_config(ca: &Ca) -> io::Result<Arc<ServerConfig>> {
+pub fn tls_config(ca: &Ca) -> io::Result<(Arc<ServerConfig>, Arc<AnyClientCert>)> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     let ca_der =
         CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).map_err(io::Error::other)?;
     roots.add(ca_der).map_err(io::Error::other)?;
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(io::Error::other)?;
+    let verifier = Arc::new(AnyClientCert::new(roots, provider.clone()).map_err(io::Error::other)?);
     let issued = ca
         .issue_server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
         .map_err(io::Error::other)?;
@@ -62,11 +61,11 @@ pub fn tls_config(ca: &Ca) -> io::Result<Arc<ServerConfig>> {
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(io::Error::other)?
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(verifier.clone())
         .with_single_cert(chain, key)
         .map_err(io::Error::other)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok((Arc::new(config), verifier))
 }
 
 /// Binds `addr` with `SO_REUSEADDR`, so a restart can take the same port
@@ -157,14 +156,21 @@ async fn serve(
         }
         Err(_) => return,
     };
-    let cert_user = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|chain| chain.first())
-        .and_then(|leaf| UserInfo::from_certificate(leaf));
+    // Like the apiserver's x509 authenticator: a presented certificate that
+    // does not verify (or has no CN) fails authentication with a 401.
+    let (cert_user, cert_rejected) = match tls.get_ref().1.peer_certificates() {
+        None | Some([]) => (None, false),
+        Some(chain) if state.client_certs.verify(chain) => {
+            match UserInfo::from_certificate(&chain[0]) {
+                Some(user) => (Some(user), false),
+                None => (None, true),
+            }
+        }
+        Some(_) => (None, true),
+    };
     let conn = Arc::new(ConnInfo {
         cert_user,
+        cert_rejected,
         shutdown,
     });
     let service = service_fn(move |req| {

@@ -20,6 +20,9 @@ pub struct State {
     pub config: SimConfig,
     /// The cluster CA: signs the serving certificate and client certificates.
     pub ca: Ca,
+    /// Decides, after the handshake, whether a client certificate
+    /// authenticates anyone.
+    pub client_certs: Arc<crate::tls::AnyClientCert>,
     pub store: Store,
     pub registry: Registry,
     pub tokens: Tokens,
