@@ -94,7 +94,7 @@ impl Metrics {
             &["source"],
         )?;
         let upstream_errors = IntCounterVec::new(
-            Opts::new("upstream_errors_total", "Failures talking to kube-apiserver, by reason (connect|timeout|tls|protocol|credentials).")
+            Opts::new("upstream_errors_total", "Pass-through failures talking to kube-apiserver, by reason (connect: TCP/TLS connection or its timeout; protocol: the request failed after connecting; credentials: the proxy's own token could not be produced; config).")
                 .namespace(NS),
             &["reason"],
         )?;

@@ -77,14 +77,15 @@ pub async fn serve(
     read: Read<'_>,
     shutdown: &CancellationToken,
 ) -> Answer {
-    if negotiate(read.accept) == Negotiated::PassThrough {
-        return Answer::PassThrough("representation");
-    }
-    let answer = match read.info.verb.as_str() {
-        "get" => serve_get(cache, upstream, &read).await,
-        "list" => serve_list(cache, upstream, &read).await,
-        "watch" => serve_watch(cache, upstream, &read, shutdown).await,
-        _ => Answer::PassThrough("verb"),
+    let answer = if negotiate(read.accept) == Negotiated::PassThrough {
+        Answer::PassThrough("representation")
+    } else {
+        match read.info.verb.as_str() {
+            "get" => serve_get(cache, upstream, &read).await,
+            "list" => serve_list(cache, upstream, &read).await,
+            "watch" => serve_watch(cache, upstream, &read, shutdown).await,
+            _ => Answer::PassThrough("verb"),
+        }
     };
     let source = match &answer {
         Answer::Served(_) => ("cache", ""),

@@ -1,0 +1,619 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The watch cache's semantics through the real proxy over TLS: consistent
+//! reads and read-your-writes, resourceVersion rules, scopes, readiness,
+//! bookmarks, slow watchers, and the upstream load it saves.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+use kube_cache_proxy::config::CachedResource;
+use kube_cache_proxy::resource::Gvr;
+use kube_cache_proxy::sim::SimConfig;
+use serde_json::{Value, json};
+use support::{Env, Identity, Next, QUIET, SOON, WatchStream};
+
+fn cms() -> Gvr {
+    Gvr {
+        group: String::new(),
+        version: "v1".into(),
+        resource: "configmaps".into(),
+    }
+}
+
+fn cm(ns: &str, name: &str, app: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "data": {"k": name}})
+}
+
+fn cached_configmaps(c: &mut kube_cache_proxy::config::Config) {
+    c.cache.resources.push(CachedResource {
+        version: "v1".into(),
+        resource: "configmaps".into(),
+        ..CachedResource::default()
+    });
+}
+
+async fn env_with(customize: impl FnOnce(&mut kube_cache_proxy::config::Config)) -> Env {
+    let env = Env::start_with(SimConfig::default(), |c| {
+        cached_configmaps(c);
+        customize(c);
+    })
+    .await;
+    env.ready().await;
+    env
+}
+
+async fn metric(env: &Env, prefix: &str) -> f64 {
+    let (_, text) = env.admin_get("/metrics").await;
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn reads_reflect_writes_that_went_through_the_proxy() {
+    let env = env_with(|_| {}).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    for i in 0..10 {
+        let name = format!("ryw-{i}");
+        let created = c
+            .post_json("/api/v1/namespaces/ryw/configmaps", &cm("ryw", &name, "a"))
+            .await;
+        assert_eq!(created.status, 201);
+        // A consistent list and get right after the write see it.
+        let list = c.get("/api/v1/namespaces/ryw/configmaps").await;
+        assert!(
+            names(&list.json()).contains(&name),
+            "iteration {i}: {}",
+            list.text()
+        );
+        let got = c
+            .get(&format!("/api/v1/namespaces/ryw/configmaps/{name}"))
+            .await;
+        assert_eq!(got.status, 200);
+        // Not older than the write's RV, too.
+        let rv = created.json()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let list = c
+            .get(&format!(
+                "/api/v1/namespaces/ryw/configmaps?resourceVersion={rv}"
+            ))
+            .await;
+        assert!(names(&list.json()).contains(&name));
+    }
+    assert!(metric(&env, "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"\",resource=\"configmaps\",source=\"cache\",verb=\"list\"}").await >= 10.0);
+}
+
+#[tokio::test]
+async fn consistent_reads_of_a_quiet_resource_are_served_after_a_progress_watch() {
+    // Writes to another resource move upstream's RV; the configmap cache
+    // only learns it is still current through a progress watch.
+    let env = env_with(|c| c.cache.consistent_list_wait_milliseconds = 3000).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    c.post_json("/api/v1/namespaces/q/configmaps", &cm("q", "only", "a"))
+        .await;
+    let pods = Gvr {
+        resource: "pods".into(),
+        ..cms()
+    };
+    for i in 0..3 {
+        env.sim
+            .create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("p{i}"), "namespace": "q"}, "spec": {"containers": []}}))
+            .unwrap();
+    }
+    let lists_before = env.sim.stats().lists("configmaps");
+    let started = Instant::now();
+    let list = c.get("/api/v1/namespaces/q/configmaps").await;
+    assert_eq!(names(&list.json()), vec!["only"]);
+    assert_eq!(
+        env.sim.stats().lists("configmaps"),
+        lists_before + 1,
+        "one limit=1 probe, no pass-through"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(
+        metric(
+            &env,
+            "kube_cache_proxy_cache_progress_watches_total{group=\"\",resource=\"configmaps\"}"
+        )
+        .await
+            >= 1.0
+    );
+    // With the default short wait, the same read passes through rather than
+    // wait: slower at worst, never stale.
+    let env = env_with(|_| {}).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    c.post_json("/api/v1/namespaces/q/configmaps", &cm("q", "only", "a"))
+        .await;
+    env.sim
+        .create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "q"}, "spec": {"containers": []}}))
+        .unwrap();
+    let list = c.get("/api/v1/namespaces/q/configmaps").await;
+    assert_eq!(names(&list.json()), vec!["only"]);
+}
+
+#[tokio::test]
+async fn resource_version_rules() {
+    let env = env_with(|c| c.cache.not_older_than_wait_milliseconds = 300).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    let mut rvs = Vec::new();
+    for name in ["a", "b", "c"] {
+        let r = c
+            .post_json("/api/v1/namespaces/rv/configmaps", &cm("rv", name, "x"))
+            .await;
+        rvs.push(
+            r.json()["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let mid = &rvs[1];
+    // Exact: the state at that RV, rebuilt from the history.
+    let exact = c
+        .get(&format!(
+            "/api/v1/namespaces/rv/configmaps?resourceVersion={mid}&resourceVersionMatch=Exact"
+        ))
+        .await;
+    assert_eq!(names(&exact.json()), vec!["a", "b"]);
+    assert_eq!(exact.json()["metadata"]["resourceVersion"], mid.as_str());
+    let direct = env.direct(Identity::admin().auth(&env.sim));
+    let d = direct
+        .get(&format!(
+            "/api/v1/namespaces/rv/configmaps?resourceVersion={mid}&resourceVersionMatch=Exact"
+        ))
+        .await;
+    assert_eq!(exact.body, d.body, "byte-identical to upstream");
+    // Legacy exact: limit with an RV.
+    let page = c
+        .get(&format!(
+            "/api/v1/namespaces/rv/configmaps?resourceVersion={mid}&limit=1"
+        ))
+        .await
+        .json();
+    assert_eq!(names(&page), vec!["a"]);
+    let token = page["metadata"]["continue"].as_str().unwrap();
+    let next = c
+        .get(&format!(
+            "/api/v1/namespaces/rv/configmaps?limit=5&continue={token}"
+        ))
+        .await
+        .json();
+    assert_eq!(names(&next), vec!["b"], "a continued list stays at its RV");
+    // RV 0 ignores the limit, like the apiserver's cache.
+    let all = c
+        .get("/api/v1/namespaces/rv/configmaps?resourceVersion=0&limit=1")
+        .await
+        .json();
+    assert_eq!(names(&all).len(), 3);
+    assert!(all["metadata"].get("continue").is_none());
+    // Too large: 504 with Retry-After.
+    let r = c
+        .get("/api/v1/namespaces/rv/configmaps?resourceVersion=99999999")
+        .await;
+    assert_eq!(r.status, 504);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(
+        r.json()["details"]["causes"][0]["reason"],
+        "ResourceVersionTooLarge"
+    );
+    // Older than the cache's history: passes through, upstream answers.
+    let old = c
+        .get("/api/v1/namespaces/rv/configmaps?resourceVersion=1&resourceVersionMatch=Exact")
+        .await;
+    let d = direct
+        .get("/api/v1/namespaces/rv/configmaps?resourceVersion=1&resourceVersionMatch=Exact")
+        .await;
+    assert_eq!(old.status, d.status);
+}
+
+#[tokio::test]
+async fn watch_from_an_rv_older_than_the_history_is_410() {
+    let env = env_with(|c| c.cache.history_capacity = 5).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    let first = c
+        .post_json("/api/v1/namespaces/h/configmaps", &cm("h", "a", "x"))
+        .await
+        .json();
+    let first_rv = first["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for i in 0..10 {
+        c.post_json(
+            "/api/v1/namespaces/h/configmaps",
+            &cm("h", &format!("n{i}"), "x"),
+        )
+        .await;
+    }
+    // Let the cache apply them.
+    c.get("/api/v1/namespaces/h/configmaps").await;
+    let mut w = c
+        .watch(
+            &format!("/api/v1/namespaces/h/configmaps?watch=1&resourceVersion={first_rv}"),
+            &[],
+        )
+        .await;
+    assert_eq!(w.status, 200);
+    let e = w.event(SOON).await;
+    assert_eq!(e["type"], "ERROR");
+    assert_eq!(e["object"]["code"], 410);
+    assert_eq!(e["object"]["reason"], "Expired");
+    assert!(
+        e["object"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("too old resource version: {first_rv} ("))
+    );
+    assert!(matches!(w.next(SOON).await, Next::End));
+}
+
+#[tokio::test]
+async fn bookmarks_carry_upstream_progress() {
+    // Bookmarks every second here; upstream writes to another resource move
+    // upstream's RV, which reaches the cache through its own bookmarks or a
+    // progress watch, and then the client's bookmarks.
+    let env = env_with(|_| {}).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    let list = c.get("/api/v1/namespaces/bm/configmaps").await.json();
+    let rv: u64 = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut w = c
+        .watch(&format!("/api/v1/namespaces/bm/configmaps?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"), &[])
+        .await;
+    c.post_json("/api/v1/namespaces/bm/configmaps", &cm("bm", "x", "a"))
+        .await;
+    let added = w.event(SOON).await;
+    assert_eq!(added["type"], "ADDED");
+    let added_rv: u64 = added["object"]["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Force progress upstream: a consistent read makes the cache catch up.
+    c.post_json(
+        "/api/v1/namespaces/bm/secrets",
+        &json!({"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"}}),
+    )
+    .await;
+    let probe = env.proxy(Identity::admin().auth(&env.sim));
+    let _ = probe.get("/api/v1/namespaces/bm/configmaps").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let e = w.event(SOON).await;
+        if e["type"] == "BOOKMARK" {
+            let b: u64 = e["object"]["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(b >= added_rv);
+            assert_eq!(e["object"]["kind"], "ConfigMap");
+            if b > added_rv {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no bookmark beyond the last event"
+        );
+    }
+}
+
+#[tokio::test]
+async fn timeout_seconds_ends_the_stream_cleanly() {
+    let env = env_with(|_| {}).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    let started = Instant::now();
+    let mut w = c
+        .watch(
+            "/api/v1/namespaces/t/configmaps?watch=1&resourceVersion=0&timeoutSeconds=1",
+            &[],
+        )
+        .await;
+    loop {
+        match w.next(SOON).await {
+            Next::Event(_) => continue,
+            Next::End => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_scoped_cache_serves_only_requests_inside_its_scope() {
+    let env = Env::start_with(SimConfig::default(), |c| {
+        c.node_name = "node-1".into();
+        c.cache.resources = vec![CachedResource {
+            version: "v1".into(),
+            resource: "pods".into(),
+            field_selector: Some("spec.nodeName=${NODE_NAME}".into()),
+            ..CachedResource::default()
+        }];
+    })
+    .await;
+    let pods = Gvr {
+        resource: "pods".into(),
+        ..cms()
+    };
+    for (name, node) in [("a", "node-1"), ("b", "node-2"), ("c", "node-1")] {
+        env.sim
+            .create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "s"}, "spec": {"nodeName": node, "containers": []}}))
+            .unwrap();
+    }
+    env.ready().await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    let direct = env.direct(Identity::admin().auth(&env.sim));
+    let ground = direct
+        .get("/api/v1/pods?resourceVersion=0&fieldSelector=spec.nodeName%3Dnode-1")
+        .await;
+    let lists = || env.sim.stats().lists("pods");
+    let before = lists();
+    let own = c
+        .get("/api/v1/pods?resourceVersion=0&fieldSelector=spec.nodeName%3Dnode-1")
+        .await;
+    assert_eq!(names(&own.json()), vec!["a", "c"]);
+    assert_eq!(own.body, ground.body);
+    assert_eq!(lists(), before, "served from the scoped cache");
+    let all = c.get("/api/v1/pods?resourceVersion=0").await;
+    assert_eq!(names(&all.json()), vec!["a", "b", "c"]);
+    assert_eq!(lists(), before + 1, "outside the scope: passed through");
+}
+
+#[tokio::test]
+async fn reads_wait_for_the_first_list_then_pass_through_and_readyz_says_why() {
+    // A cached resource upstream does not serve: its first list never lands.
+    let env = Env::start_with(SimConfig::default(), |c| {
+        c.cache.resources.push(CachedResource {
+            group: "example.com".into(),
+            version: "v1".into(),
+            resource: "widgets".into(),
+            kind: Some("Widget".into()),
+            namespaced: Some(true),
+            ..CachedResource::default()
+        });
+        c.cache.ready_wait_milliseconds = 300;
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = env.admin_get("/readyz?verbose").await;
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        body.contains("[-]cache:widgets.example.com failed: initial list not done"),
+        "{body}"
+    );
+    assert!(body.contains("[+]cache:pods ok"), "{body}");
+    assert!(body.contains("readyz check failed"), "{body}");
+    let (status, _) = env.admin_get("/livez").await;
+    assert_eq!(status, 200, "alive while not ready");
+    // A read of it waits for the first list, then passes through.
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    let started = Instant::now();
+    let r = c
+        .get("/apis/example.com/v1/namespaces/x/widgets?resourceVersion=0")
+        .await;
+    assert_eq!(r.status, 404, "upstream's answer");
+    assert!(
+        started.elapsed() >= Duration::from_millis(290),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        metric(
+            &env,
+            "kube_cache_proxy_cache_reads_total{group=\"example.com\",reason=\"not ready\""
+        )
+        .await
+            >= 1.0
+    );
+}
+
+#[tokio::test]
+async fn with_upstream_down_cached_reads_need_a_cached_decision() {
+    let env = env_with(|_| {}).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    assert_eq!(
+        c.get("/api/v1/namespaces/d/configmaps?resourceVersion=0")
+            .await
+            .status,
+        200
+    );
+    env.sim.stop().await;
+    // The decision is cached: still served from the cache.
+    assert_eq!(
+        c.get("/api/v1/namespaces/d/configmaps?resourceVersion=0")
+            .await
+            .status,
+        200
+    );
+    // A new identity cannot be authorized without upstream: 503, fast.
+    let other = env.proxy(Identity::node("node-9").auth(&env.sim));
+    let started = Instant::now();
+    let r = other
+        .get("/api/v1/namespaces/d/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(r.status, 503);
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn k_clients_cost_one_upstream_watch() {
+    let env = env_with(|_| {}).await;
+    let before = env.sim.stats();
+    let clients: Vec<_> = (0..20)
+        .map(|_| env.proxy_h2(Identity::admin().auth(&env.sim)))
+        .collect();
+    let mut watches = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let l = c
+            .get("/api/v1/namespaces/k/configmaps?resourceVersion=0")
+            .await
+            .json();
+        let rv = l["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let path = if i % 2 == 0 {
+            format!("/api/v1/namespaces/k/configmaps?watch=1&resourceVersion={rv}")
+        } else {
+            "/api/v1/configmaps?watch=1&resourceVersion=0&labelSelector=app%3Da".to_string()
+        };
+        watches.push(c.watch(&path, &[]).await);
+    }
+    let c = &clients[0];
+    c.post_json("/api/v1/namespaces/k/configmaps", &cm("k", "x", "a"))
+        .await;
+    for w in &mut watches {
+        let e = w.event(SOON).await;
+        assert_eq!(e["object"]["metadata"]["name"], "x");
+    }
+    let after = env.sim.stats();
+    assert_eq!(
+        after.watches_open("configmaps"),
+        1,
+        "one upstream watch for all"
+    );
+    assert_eq!(
+        after.lists("configmaps"),
+        before.lists("configmaps"),
+        "no upstream list"
+    );
+    assert_eq!(
+        after.watches("configmaps"),
+        before.watches("configmaps"),
+        "no new upstream watch"
+    );
+}
+
+/// Reads a watch until `n` events arrived, skipping bookmarks.
+async fn changes(w: &mut WatchStream, n: usize) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let e = w.event(SOON).await;
+        let kind = e["type"].as_str().unwrap().to_string();
+        assert_ne!(kind, "ERROR", "{e}");
+        if kind == "BOOKMARK" {
+            continue;
+        }
+        out.push((
+            kind,
+            e["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        ));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_slow_watcher_is_closed_without_slowing_the_others() {
+    let env = env_with(|c| {
+        c.cache.watcher_buffer_events = 4;
+        c.cache.slow_watcher_timeout_seconds = 1;
+        c.cache.history_capacity = 100_000;
+    })
+    .await;
+    let c = env.proxy_h2(Identity::admin().auth(&env.sim));
+    let rv =
+        c.get("/api/v1/namespaces/slow/configmaps").await.json()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    let path = format!("/api/v1/namespaces/slow/configmaps?watch=1&resourceVersion={rv}");
+    // The slow client never reads its stream: socket buffers and its
+    // buffer fill up, then the budget runs out.
+    let slow = env
+        .proxy(Identity::admin().auth(&env.sim))
+        .watch(&path, &[])
+        .await;
+    // Enough to fill loopback socket buffers and HTTP/2 windows.
+    let big = "x".repeat(256 * 1024);
+    let n = 100;
+    let mut fast = c.watch(&path, &[]).await;
+    let reader = tokio::spawn(async move {
+        let got = changes(&mut fast, n).await;
+        (got, fast)
+    });
+    let started = Instant::now();
+    for i in 0..n {
+        let mut o = cm("slow", &format!("o{i}"), "a");
+        o["data"]["blob"] = json!(big);
+        env.sim.create(&cms(), o).unwrap();
+        if i % 20 == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let (got, _fast) = reader.await.unwrap();
+    assert_eq!(got.len(), n);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the others were not slowed"
+    );
+    // The slow watcher was closed and counted.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(
+        &env,
+        "kube_cache_proxy_cache_watchers_terminated_total{group=\"\",reason=\"slow\"",
+    )
+    .await
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "slow watcher not terminated");
+        env.sim
+            .create(
+                &cms(),
+                cm("slow", &format!("late-{}", fastrand::u32(..)), "a"),
+            )
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(slow);
+    // Reading it later shows a clean end after what it had buffered; its
+    // client re-watches from its last RV, from the history.
+    let mut again = c.watch(&path, &[]).await;
+    let replay = changes(&mut again, n).await;
+    assert_eq!(
+        replay, got,
+        "re-watch from the start RV replays the history"
+    );
+}
+
+#[tokio::test]
+async fn upgrades_and_methods_other_than_get_are_never_cached() {
+    let env = env_with(|_| {}).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    let r = c
+        .send(Method::HEAD, "/api/v1/namespaces/x/configmaps", &[], None)
+        .await;
+    assert_eq!(r.status, 200);
+    let before = env.sim.stats().total_requests;
+    c.get("/api/v1/namespaces/x/configmaps?watch=1&resourceVersion=0&timeoutSeconds=1&pretty=true")
+        .await;
+    assert!(
+        env.sim.stats().total_requests > before,
+        "an unknown parameter passes through"
+    );
+    let _ = QUIET;
+}
