@@ -4,74 +4,15 @@
 //! Skipped when `kubectl` is not installed.
 
 use std::process::Stdio;
+
+mod support;
 use std::time::Duration;
+use support::kubectl::{Kubectl, kubectl_available};
 
 use kube_cache_proxy::resource::Gvr;
 use kube_cache_proxy::sim::{Sim, SimConfig};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
-
-fn kubectl_available() -> bool {
-    std::process::Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-struct Kubectl {
-    kubeconfig: std::path::PathBuf,
-    cache_dir: std::path::PathBuf,
-}
-
-impl Kubectl {
-    fn new(sim: &Sim, user: &str, group: Option<&str>) -> Kubectl {
-        let dir = std::env::temp_dir().join(format!(
-            "sim-kubectl-{}-{}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(&kubeconfig, sim.kubeconfig(user, group)).unwrap();
-        Kubectl {
-            kubeconfig,
-            cache_dir: dir.join("cache"),
-        }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(&self.cache_dir)
-            .args(args)
-            .kill_on_drop(true);
-        cmd
-    }
-
-    async fn run(&self, args: &[&str]) -> (bool, String, String) {
-        let out = tokio::time::timeout(Duration::from_secs(20), self.command(args).output())
-            .await
-            .expect("kubectl timed out")
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    async fn ok(&self, args: &[&str]) -> String {
-        let (ok, out, err) = self.run(args).await;
-        assert!(ok, "kubectl {args:?} failed: {err}\n{out}");
-        out
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_works_against_the_sim() {
@@ -97,7 +38,7 @@ async fn kubectl_works_against_the_sim() {
         json!({"metadata": {"name": "cm-a", "namespace": "ns"}, "data": {"k": "v", "j": "w"}}),
     )
     .unwrap();
-    let admin = Kubectl::new(&sim, "admin", Some("system:masters"));
+    let admin = Kubectl::new(&sim.kubeconfig("admin", Some("system:masters")));
 
     let table = admin.ok(&["get", "cm", "-n", "ns"]).await;
     let mut lines = table.lines();
@@ -183,7 +124,7 @@ async fn kubectl_works_against_the_sim() {
     let whoami: Value = serde_json::from_str(&whoami).unwrap();
     assert_eq!(whoami["status"]["userInfo"]["username"], "admin");
 
-    let node = Kubectl::new(&sim, "system:node:n1", Some("system:nodes"));
+    let node = Kubectl::new(&sim.kubeconfig("system:node:n1", Some("system:nodes")));
     assert_eq!(
         node.ok(&["auth", "can-i", "get", "nodes/n1"]).await.trim(),
         "yes"

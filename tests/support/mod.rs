@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod env;
+pub mod kubectl;
 pub mod recording;
 pub mod sim;
 
