@@ -19,12 +19,15 @@ use tokio_util::sync::CancellationToken;
 use crate::body::{self, Body};
 use crate::metrics::Metrics;
 use crate::ready::Readiness;
+use crate::tls::ServerTls;
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
 pub struct Admin {
     pub metrics: Metrics,
     pub readiness: Readiness,
+    /// The serving certificate, for its expiry metric.
+    pub tls: Option<ServerTls>,
 }
 
 // === impl Admin ===
@@ -77,6 +80,10 @@ impl Admin {
         });
         match req.uri().path() {
             "/metrics" => {
+                self.metrics.ready.set(i64::from(self.readiness.is_ready()));
+                if let Some(t) = self.tls.as_ref().and_then(ServerTls::not_after) {
+                    self.metrics.serving_certificate_expiry.set(t);
+                }
                 let mut r = text(StatusCode::OK, self.metrics.encode());
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,

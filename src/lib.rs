@@ -131,6 +131,7 @@ pub async fn run(
     let admin = Admin {
         metrics: metrics.clone(),
         readiness: readiness.clone(),
+        tls: Some(tls.clone()),
     };
     let admin_task = tokio::spawn(admin.serve(listeners.admin, admin_token.clone()));
 

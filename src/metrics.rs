@@ -47,6 +47,10 @@ pub struct Metrics {
     pub tls_handshake_errors: IntCounterVec,
     /// Time added by the proxy before a request is sent upstream.
     pub proxy_overhead: Histogram,
+    /// 1 when /readyz passes, else 0 (set at scrape).
+    pub ready: IntGauge,
+    /// The serving certificate's notAfter (set at scrape).
+    pub serving_certificate_expiry: IntGauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -123,7 +127,23 @@ impl Metrics {
         registry.register(Box::new(upstream_errors.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(tls_handshake_errors.clone()))?;
+        let ready = IntGauge::with_opts(
+            Opts::new(
+                "ready",
+                "1 when every readiness check passes (as /readyz), else 0.",
+            )
+            .namespace(NS),
+        )?;
+        let serving_certificate_expiry = IntGauge::with_opts(
+            Opts::new(
+                "serving_certificate_expiry_timestamp_seconds",
+                "When the serving certificate in use expires, in seconds since the Unix epoch.",
+            )
+            .namespace(NS),
+        )?;
         registry.register(Box::new(proxy_overhead.clone()))?;
+        registry.register(Box::new(ready.clone()))?;
+        registry.register(Box::new(serving_certificate_expiry.clone()))?;
         Ok(Metrics {
             registry,
             requests,
@@ -133,6 +153,8 @@ impl Metrics {
             connections,
             tls_handshake_errors,
             proxy_overhead,
+            ready,
+            serving_certificate_expiry,
         })
     }
 

@@ -105,6 +105,15 @@ impl ServerTls {
         self.config.clone()
     }
 
+    /// When the current serving certificate expires, in seconds since the
+    /// Unix epoch.
+    pub fn not_after(&self) -> Option<i64> {
+        let key = self.cert.current.read().0.clone();
+        let leaf = key.cert.first()?;
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+        Some(cert.validity().not_after.timestamp())
+    }
+
     /// Whether a client's certificate chain (leaf first) chains to the
     /// current client-CA bundle and is valid now.
     pub fn verify_client(&self, chain: &[CertificateDer<'_>]) -> bool {
@@ -462,6 +471,12 @@ mod tests {
         std::fs::write(dir.join("tls.key"), &s2.key_pem).unwrap();
         tls.reload_if_changed();
         assert!(!Arc::ptr_eq(&before, &tls.cert.current.read().0));
+        let not_after = tls.not_after().unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assert!(not_after > now);
     }
 
     #[test]

@@ -361,6 +361,14 @@ async fn admin_endpoints() {
     assert_eq!(status, 200);
     assert!(metrics.contains("kube_cache_proxy_requests_total{code=\"200\",group=\"\",resource=\"configmaps\",source=\"upstream\",verb=\"list\"} 1"), "{metrics}");
     assert!(metrics.contains("kube_cache_proxy_request_duration_seconds_bucket"));
+    assert!(metrics.contains("kube_cache_proxy_ready 1"), "{metrics}");
+    let expiry = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kube_cache_proxy_serving_certificate_expiry_timestamp_seconds ")
+        })
+        .unwrap();
+    assert!(expiry.parse::<i64>().unwrap() > 1_700_000_000);
     assert_eq!(env.admin_get("/livez").await, (200, "ok".into()));
     assert_eq!(env.admin_get("/healthz").await, (200, "ok".into()));
     let (status, body) = env.admin_get("/readyz?verbose").await;
