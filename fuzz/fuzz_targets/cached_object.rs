@@ -1,0 +1,23 @@
+//! Objects from upstream (watch events and list items): never panic; what
+//! is accepted keeps its bytes and reports consistent views.
+#![no_main]
+
+use bytes::BytesMut;
+use kube_cache_proxy::cache::object::CachedObject;
+use kube_cache_proxy::resource::FieldSet;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    for fs in [FieldSet::Default, FieldSet::Pod, FieldSet::CoreEvent] {
+        if let Ok(o) = CachedObject::from_json(data, fs, true) {
+            assert_eq!(&o.json()[..], data);
+            let mut item = BytesMut::new();
+            o.write_item(&mut item, true);
+            let restamped = o.with_resource_version(o.rv + 1);
+            let again = CachedObject::from_json(&restamped, fs, true).expect("a restamped object parses");
+            assert_eq!(again.rv, o.rv + 1);
+            assert_eq!(again.key(), o.key());
+        }
+        let _ = CachedObject::from_list_item(data, "Pod", "v1", fs, true);
+    }
+});
