@@ -13,8 +13,6 @@
 //! seconds by default; errors are not cached; concurrent misses for the
 //! same spec make one call.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
@@ -33,6 +31,7 @@ use crate::upstream::Upstream;
 
 use super::metrics::AuthMetrics;
 use super::review::{self, ReviewError};
+use super::ttl_cache::TtlCache;
 use super::user::UserInfo;
 
 /// `authorizer.Attributes`: who wants to do what.
@@ -61,25 +60,6 @@ pub enum Decision {
     Deny(String),
 }
 
-#[derive(Debug)]
-struct Cached {
-    decision: Decision,
-    ttl: Duration,
-}
-
-struct Expiry;
-
-impl moka::Expiry<[u8; 32], Arc<Cached>> for Expiry {
-    fn expire_after_create(
-        &self,
-        _key: &[u8; 32],
-        value: &Arc<Cached>,
-        _at: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(value.ttl)
-    }
-}
-
 /// Decision cache settings.
 #[derive(Debug, Clone, Copy)]
 pub struct AccessSettings {
@@ -91,7 +71,7 @@ pub struct AccessSettings {
 /// Authorizes requests.
 pub struct AccessReviewer {
     upstream: Upstream,
-    cache: moka::future::Cache<[u8; 32], Arc<Cached>>,
+    cache: TtlCache<Decision>,
     settings: AccessSettings,
     metrics: AuthMetrics,
 }
@@ -99,7 +79,7 @@ pub struct AccessReviewer {
 impl std::fmt::Debug for AccessReviewer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AccessReviewer")
-            .field("entries", &self.cache.entry_count())
+            .field("cache", &self.cache)
             .finish_non_exhaustive()
     }
 }
@@ -300,10 +280,7 @@ impl AccessReviewer {
     ) -> AccessReviewer {
         AccessReviewer {
             upstream,
-            cache: moka::future::Cache::builder()
-                .max_capacity(settings.capacity)
-                .expire_after(Expiry)
-                .build(),
+            cache: TtlCache::new(settings.capacity),
             settings,
             metrics,
         }
@@ -318,38 +295,21 @@ impl AccessReviewer {
         let start = Instant::now();
         let spec = attrs.spec();
         let key: [u8; 32] = Sha256::digest(serde_json::to_vec(&spec).unwrap_or_default()).into();
-        let asked = AtomicBool::new(false);
-        let result = self
-            .cache
-            .try_get_with(key, async {
-                asked.store(true, Ordering::Relaxed);
-                self.review(spec).await.map(Arc::new)
-            })
-            .await;
-        let source = if asked.load(Ordering::Relaxed) {
-            "upstream"
-        } else {
-            "cache"
+        let (result, source) = self.cache.get_or_fetch(key, self.review(spec)).await;
+        let label = match &result {
+            Ok(Decision::Allow) => "allowed",
+            Ok(Decision::Deny(_)) => "denied",
+            Err(_) => "error",
         };
-        let seconds = start.elapsed().as_secs_f64();
-        match result {
-            Ok(c) => {
-                let label = if c.decision == Decision::Allow {
-                    "allowed"
-                } else {
-                    "denied"
-                };
-                self.metrics.authorized(label, source, seconds);
-                Ok(c.decision.clone())
-            }
-            Err(e) => {
-                self.metrics.authorized("error", source, seconds);
-                Err((*e).clone())
-            }
-        }
+        self.metrics
+            .authorized(label, source.as_str(), start.elapsed().as_secs_f64());
+        result
     }
 
-    async fn review(&self, spec: SubjectAccessReviewSpec) -> Result<Cached, ReviewError> {
+    async fn review(
+        &self,
+        spec: SubjectAccessReviewSpec,
+    ) -> Result<(Decision, Duration), ReviewError> {
         let request = SubjectAccessReview {
             spec,
             ..SubjectAccessReview::default()
@@ -362,10 +322,7 @@ impl AccessReviewer {
         .await?;
         let status = answer.status.unwrap_or_default();
         if status.allowed {
-            return Ok(Cached {
-                decision: Decision::Allow,
-                ttl: self.settings.allowed_ttl,
-            });
+            return Ok((Decision::Allow, self.settings.allowed_ttl));
         }
         if let Some(e) = status.evaluation_error.filter(|e| !e.is_empty()) {
             // The apiserver answers an authorizer error with a 500, not a
@@ -374,10 +331,10 @@ impl AccessReviewer {
                 "authorization evaluation error: {e}"
             )));
         }
-        Ok(Cached {
-            decision: Decision::Deny(status.reason.unwrap_or_default()),
-            ttl: self.settings.denied_ttl,
-        })
+        Ok((
+            Decision::Deny(status.reason.unwrap_or_default()),
+            self.settings.denied_ttl,
+        ))
     }
 }
 

@@ -15,6 +15,7 @@ pub mod impersonation;
 pub mod metrics;
 pub mod review;
 pub mod token;
+pub mod ttl_cache;
 mod user;
 
 pub use user::{

@@ -9,8 +9,6 @@
 //! `failureCacheTTLSeconds` (default 10 s). Errors are not cached.
 //! Concurrent misses for the same token make one upstream call.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine;
@@ -22,6 +20,7 @@ use crate::upstream::Upstream;
 
 use super::metrics::AuthMetrics;
 use super::review::{self, ReviewError};
+use super::ttl_cache::TtlCache;
 use super::user::UserInfo;
 
 /// What a token is.
@@ -31,25 +30,6 @@ pub enum TokenResult {
     Authenticated(UserInfo),
     /// The apiserver did not authenticate it.
     Rejected,
-}
-
-#[derive(Debug)]
-struct Cached {
-    result: TokenResult,
-    ttl: Duration,
-}
-
-struct Expiry;
-
-impl moka::Expiry<[u8; 32], Arc<Cached>> for Expiry {
-    fn expire_after_create(
-        &self,
-        _key: &[u8; 32],
-        value: &Arc<Cached>,
-        _at: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(value.ttl)
-    }
 }
 
 /// Token cache settings.
@@ -63,7 +43,7 @@ pub struct TokenSettings {
 /// Authenticates bearer tokens.
 pub struct TokenAuthenticator {
     upstream: Upstream,
-    cache: moka::future::Cache<[u8; 32], Arc<Cached>>,
+    cache: TtlCache<TokenResult>,
     salt: [u8; 32],
     settings: TokenSettings,
     metrics: AuthMetrics,
@@ -72,7 +52,7 @@ pub struct TokenAuthenticator {
 impl std::fmt::Debug for TokenAuthenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenAuthenticator")
-            .field("entries", &self.cache.entry_count())
+            .field("cache", &self.cache)
             .finish_non_exhaustive()
     }
 }
@@ -98,10 +78,7 @@ impl TokenAuthenticator {
         }
         TokenAuthenticator {
             upstream,
-            cache: moka::future::Cache::builder()
-                .max_capacity(settings.capacity)
-                .expire_after(Expiry)
-                .build(),
+            cache: TtlCache::new(settings.capacity),
             salt,
             settings,
             metrics,
@@ -122,37 +99,21 @@ impl TokenAuthenticator {
     /// [`ReviewError`] when the TokenReview could not be made.
     pub async fn authenticate(&self, token: &str) -> Result<TokenResult, ReviewError> {
         let start = Instant::now();
-        let asked = AtomicBool::new(false);
-        let result = self
+        let (result, source) = self
             .cache
-            .try_get_with(self.key(token), async {
-                asked.store(true, Ordering::Relaxed);
-                self.review(token).await.map(Arc::new)
-            })
+            .get_or_fetch(self.key(token), self.review(token))
             .await;
-        let source = if asked.load(Ordering::Relaxed) {
-            "upstream"
-        } else {
-            "cache"
+        let label = match &result {
+            Ok(TokenResult::Authenticated(_)) => "authenticated",
+            Ok(TokenResult::Rejected) => "unauthenticated",
+            Err(_) => "error",
         };
-        let seconds = start.elapsed().as_secs_f64();
-        match result {
-            Ok(cached) => {
-                let label = match cached.result {
-                    TokenResult::Authenticated(_) => "authenticated",
-                    TokenResult::Rejected => "unauthenticated",
-                };
-                self.metrics.authenticated(label, source, seconds);
-                Ok(cached.result.clone())
-            }
-            Err(e) => {
-                self.metrics.authenticated("error", source, seconds);
-                Err((*e).clone())
-            }
-        }
+        self.metrics
+            .authenticated(label, source.as_str(), start.elapsed().as_secs_f64());
+        result
     }
 
-    async fn review(&self, token: &str) -> Result<Cached, ReviewError> {
+    async fn review(&self, token: &str) -> Result<(TokenResult, Duration), ReviewError> {
         let request = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
@@ -177,10 +138,7 @@ impl TokenAuthenticator {
             )));
         }
         if status.authenticated != Some(true) {
-            return Ok(Cached {
-                result: TokenResult::Rejected,
-                ttl: self.settings.failure_ttl,
-            });
+            return Ok((TokenResult::Rejected, self.settings.failure_ttl));
         }
         let user = status.user.unwrap_or_default();
         let user = UserInfo {
@@ -193,19 +151,15 @@ impl TokenAuthenticator {
             Some(left) => left.min(self.settings.success_ttl),
             None => self.settings.success_ttl,
         };
-        Ok(Cached {
-            result: TokenResult::Authenticated(user.with_authenticated_group()),
+        Ok((
+            TokenResult::Authenticated(user.with_authenticated_group()),
             ttl,
-        })
+        ))
     }
 
     /// Tokens in the cache, for tests.
     pub async fn cached_entries(&self) -> Vec<([u8; 32], TokenResult)> {
-        self.cache.run_pending_tasks().await;
-        self.cache
-            .iter()
-            .map(|(k, v)| (*k, v.result.clone()))
-            .collect()
+        self.cache.entries().await
     }
 }
 
@@ -268,10 +222,8 @@ mod tests {
         auth.cache
             .insert(
                 auth.key(token),
-                Arc::new(Cached {
-                    result: TokenResult::Rejected,
-                    ttl: Duration::from_secs(10),
-                }),
+                TokenResult::Rejected,
+                Duration::from_secs(10),
             )
             .await;
         let entries = auth.cached_entries().await;
