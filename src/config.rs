@@ -383,6 +383,162 @@ pub struct TlsConfig {
     /// Lowest TLS version accepted: `VersionTLS12` (default) or
     /// `VersionTLS13`, named like kube-apiserver's `--tls-min-version`.
     pub min_version: TlsVersion,
+    /// A serving certificate the proxy obtains and renews itself through
+    /// the Kubernetes CSR API. When enabled, `certFile` and
+    /// `privateKeyFile` are not used.
+    pub csr: CsrConfig,
+}
+
+/// The serving certificate requested through the Kubernetes CSR API
+/// (`certificates.k8s.io/v1` CertificateSigningRequests), like kubelet's
+/// `serverTLSBootstrap`. The subject is the one the
+/// `kubernetes.io/kubelet-serving` signer requires:
+/// `CN=system:node:<nodeName>, O=system:nodes`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct CsrConfig {
+    /// Obtain the serving certificate through the CSR API. Default false.
+    pub enabled: bool,
+    /// `spec.signerName` of the requests. Default
+    /// `kubernetes.io/kubelet-serving`.
+    pub signer_name: String,
+    /// DNS subject alternative names; `${NODE_NAME}` is replaced by the
+    /// node name. Default `["localhost", "${NODE_NAME}"]`.
+    pub dns_names: Vec<String>,
+    /// IP subject alternative names. Default `["127.0.0.1"]`.
+    pub ip_addresses: Vec<String>,
+    /// Where the key and the issued certificate are kept (created 0700 if
+    /// missing; files 0600). Default `/var/lib/kube-cache-proxy/pki`.
+    pub directory: PathBuf,
+    /// Requested lifetime (`spec.expirationSeconds`), at least 600; 0
+    /// leaves it to the signer (kube-controller-manager:
+    /// `--cluster-signing-duration`, one year by default). Default 0.
+    pub requested_duration_seconds: u64,
+}
+
+impl Default for CsrConfig {
+    fn default() -> Self {
+        CsrConfig {
+            enabled: false,
+            signer_name: "kubernetes.io/kubelet-serving".to_string(),
+            dns_names: vec!["localhost".to_string(), "${NODE_NAME}".to_string()],
+            ip_addresses: vec!["127.0.0.1".to_string()],
+            directory: PathBuf::from("/var/lib/kube-cache-proxy/pki"),
+            requested_duration_seconds: 0,
+        }
+    }
+}
+
+/// The shortest `spec.expirationSeconds` the apiserver accepts.
+pub const MIN_CSR_EXPIRATION_SECONDS: u64 = 600;
+
+impl CsrConfig {
+    /// The DNS names with `${NODE_NAME}` replaced.
+    pub fn dns_names(&self, node_name: &str) -> Vec<String> {
+        self.dns_names
+            .iter()
+            .map(|n| n.replace("${NODE_NAME}", node_name))
+            .collect()
+    }
+
+    /// The parsed IP addresses (invalid ones are skipped; see
+    /// [`CsrConfig::validate`]).
+    pub fn ip_addresses(&self) -> Vec<std::net::IpAddr> {
+        self.ip_addresses
+            .iter()
+            .filter_map(|a| a.parse().ok())
+            .collect()
+    }
+
+    /// Checks the section when it is enabled.
+    ///
+    /// # Errors
+    /// The first invalid field, by its YAML path.
+    pub fn validate(&self, node_name: &str) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if node_name.is_empty() {
+            return Err(ConfigError::invalid(
+                "nodeName",
+                "required with tls.csr.enabled: the certificate's subject is \
+                 CN=system:node:<nodeName> (set nodeName, --node-name or NODE_NAME)",
+            ));
+        }
+        if let Some(problem) = crate::selector::is_dns1123_subdomain(node_name)
+            .into_iter()
+            .next()
+        {
+            return Err(ConfigError::invalid(
+                "nodeName",
+                format!("{node_name:?} is not a node name: {problem}"),
+            ));
+        }
+        let valid_signer = self
+            .signer_name
+            .split_once('/')
+            .is_some_and(|(domain, path)| {
+                domain.contains('.')
+                    && crate::selector::is_dns1123_subdomain(domain).is_empty()
+                    && !path.is_empty()
+                    && !path.contains(char::is_whitespace)
+            });
+        if !valid_signer {
+            return Err(ConfigError::invalid(
+                "tls.csr.signerName",
+                format!(
+                    "{:?} is not a signer name (<domain>/<name>, e.g. kubernetes.io/kubelet-serving)",
+                    self.signer_name
+                ),
+            ));
+        }
+        for (i, raw) in self.dns_names.iter().enumerate() {
+            let name = raw.replace("${NODE_NAME}", node_name);
+            if let Some(problem) = crate::selector::is_dns1123_subdomain(&name)
+                .into_iter()
+                .next()
+            {
+                return Err(ConfigError::invalid(
+                    &format!("tls.csr.dnsNames[{i}]"),
+                    format!("{raw:?} is not a DNS name: {problem}"),
+                ));
+            }
+        }
+        for (i, raw) in self.ip_addresses.iter().enumerate() {
+            if let Err(e) = raw.parse::<std::net::IpAddr>() {
+                return Err(ConfigError::invalid(
+                    &format!("tls.csr.ipAddresses[{i}]"),
+                    format!("{raw:?} is not an IP address: {e}"),
+                ));
+            }
+        }
+        if self.dns_names.is_empty() && self.ip_addresses.is_empty() {
+            return Err(ConfigError::invalid(
+                "tls.csr.ipAddresses",
+                "the certificate needs at least one DNS name or IP address (clients connect to 127.0.0.1)",
+            ));
+        }
+        if self.directory.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("tls.csr.directory", "required"));
+        }
+        if self.directory.exists() && !self.directory.is_dir() {
+            return Err(ConfigError::invalid(
+                "tls.csr.directory",
+                format!("{}: not a directory", self.directory.display()),
+            ));
+        }
+        let duration = self.requested_duration_seconds;
+        if duration != 0 && !(MIN_CSR_EXPIRATION_SECONDS..=i32::MAX as u64).contains(&duration) {
+            return Err(ConfigError::invalid(
+                "tls.csr.requestedDurationSeconds",
+                format!(
+                    "must be 0 (the signer's default) or between {MIN_CSR_EXPIRATION_SECONDS} and {}",
+                    i32::MAX
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A TLS protocol version, named as kube-apiserver names them.
@@ -551,6 +707,8 @@ impl Config {
             ));
         }
         match (&self.tls.cert_file, &self.tls.private_key_file) {
+            // The certificate comes from the CSR API; the files are unused.
+            _ if self.tls.csr.enabled => self.tls.csr.validate(&self.node_name)?,
             (None, _) => {
                 return Err(ConfigError::invalid(
                     "tls.certFile",
@@ -673,6 +831,65 @@ mod tests {
         );
         let c = Config::from_yaml("cache:\n  resources:\n  - {version: v1, resource: configmaps, fieldSelector: 'spec.nodeName=x'}\n").unwrap();
         assert!(c.cache.validate("").is_err());
+    }
+
+    #[test]
+    fn csr_section_is_validated() {
+        let c = Config::from_yaml("tls:\n  csr: {enabled: true}\n").unwrap();
+        assert_eq!(c.tls.csr.signer_name, "kubernetes.io/kubelet-serving");
+        // No certificate files needed, but a node name is.
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.starts_with("nodeName:"), "{err}");
+        let with = |yaml: &str| {
+            let mut c = Config::from_yaml(yaml).unwrap();
+            c.node_name = "node-1".into();
+            c.validate().map_err(|e| e.to_string())
+        };
+        assert!(with("tls:\n  csr: {enabled: true}\n").is_ok());
+        // Certificate files are ignored, not checked.
+        assert!(with("tls:\n  certFile: /nonexistent\n  csr: {enabled: true}\n").is_ok());
+        for (yaml, field) in [
+            (
+                "{enabled: true, dnsNames: ['-bad']}",
+                "tls.csr.dnsNames[0]:",
+            ),
+            (
+                "{enabled: true, ipAddresses: ['127.0.0.1', 'x']}",
+                "tls.csr.ipAddresses[1]:",
+            ),
+            (
+                "{enabled: true, signerName: kubelet-serving}",
+                "tls.csr.signerName:",
+            ),
+            (
+                "{enabled: true, requestedDurationSeconds: 60}",
+                "tls.csr.requestedDurationSeconds:",
+            ),
+            (
+                "{enabled: true, dnsNames: [], ipAddresses: []}",
+                "tls.csr.ipAddresses:",
+            ),
+            ("{enabled: true, directory: ''}", "tls.csr.directory:"),
+            (
+                "{enabled: true, directory: /dev/null}",
+                "tls.csr.directory:",
+            ),
+        ] {
+            let err = with(&format!("tls:\n  csr: {yaml}\n")).unwrap_err();
+            assert!(err.starts_with(field), "{yaml}: {err}");
+        }
+        assert!(with("tls:\n  csr: {enabled: true, requestedDurationSeconds: 3600}\n").is_ok());
+        let mut c = Config::from_yaml("tls:\n  csr: {enabled: true}\n").unwrap();
+        c.node_name = "Not_A_Node".into();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.starts_with("nodeName:"), "{err}");
+        // Disabled: not checked, and the files are required as before.
+        let err = Config::from_yaml("tls:\n  csr: {dnsNames: ['-bad']}\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("tls.certFile:"), "{err}");
     }
 
     #[test]

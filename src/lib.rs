@@ -11,6 +11,7 @@ pub mod body;
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod csr;
 pub mod demo;
 pub mod go;
 pub mod handler;
@@ -121,7 +122,12 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let metrics = Metrics::new(prometheus::Registry::new())?;
     let readiness = Readiness::default();
-    let tls = ServerTls::load(&config.tls)?;
+    // With tls.csr, the certificate is the one the proxy obtains itself.
+    let csr = csr::CsrManager::new(&config)?;
+    let tls = match &csr {
+        Some(csr) => csr.server_tls(&config.tls)?,
+        None => ServerTls::load(&config.tls)?,
+    };
     let upstream = Upstream::from_config(&config.upstream).await?;
     tracing::info!(upstream = %upstream.base(), "upstream configured");
 
@@ -134,6 +140,9 @@ pub async fn run(
         tls: Some(tls.clone()),
     };
     let admin_task = tokio::spawn(admin.serve(listeners.admin, admin_token.clone()));
+    if let Some(csr) = csr {
+        csr.spawn(&upstream, &tls, &readiness, &token);
+    }
 
     let cache_metrics = cache::metrics::CacheMetrics::new(metrics.registry())?;
     let caches = cache::Caches::new(&config.cache, &config.node_name, &cache_metrics)?;

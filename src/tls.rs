@@ -70,6 +70,37 @@ impl ServerTls {
         })?;
         let provider = provider();
         let cert = Arc::new(ReloadingCert::load(cert_file, key_file, provider.clone())?);
+        Self::build(cfg, cert, provider)
+    }
+
+    /// Like [`ServerTls::load`], but serves `initial` until the certificate
+    /// and key files change (or [`ServerTls::reload_now`]): for a
+    /// certificate managed by the proxy itself (`tls.csr`), whose files may
+    /// not exist yet or hold an expired pair.
+    ///
+    /// # Errors
+    /// [`TlsError`] when the client CA is missing or invalid.
+    pub fn with_initial(
+        cfg: &TlsConfig,
+        cert_file: PathBuf,
+        key_file: PathBuf,
+        initial: CertifiedKey,
+    ) -> Result<ServerTls, TlsError> {
+        let provider = provider();
+        let cert = Arc::new(ReloadingCert::with_initial(
+            cert_file,
+            key_file,
+            provider.clone(),
+            initial,
+        ));
+        Self::build(cfg, cert, provider)
+    }
+
+    fn build(
+        cfg: &TlsConfig,
+        cert: Arc<ReloadingCert>,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<ServerTls, TlsError> {
         let client_ca = match &cfg.client_ca_file {
             Some(path) => Some(Arc::new(ReloadingClientCa::load(
                 path.clone(),
@@ -120,6 +151,15 @@ impl ServerTls {
         self.client_ca
             .as_ref()
             .is_some_and(|ca| ca.verifier().verify(chain))
+    }
+
+    /// Re-reads the serving certificate and key now, whether or not the
+    /// files look changed. On error the previous pair is kept.
+    ///
+    /// # Errors
+    /// [`TlsError`] naming the file that could not be loaded.
+    pub fn reload_now(&self) -> Result<(), TlsError> {
+        self.cert.reload_now()
     }
 
     /// Re-reads files whose modification time or size changed. A file that
@@ -206,6 +246,30 @@ impl ReloadingCert {
             provider,
             current: RwLock::new((Arc::new(key), stamps.0, stamps.1)),
         })
+    }
+
+    /// Serves `initial`; the files are read once they change.
+    fn with_initial(
+        cert_file: PathBuf,
+        key_file: PathBuf,
+        provider: Arc<CryptoProvider>,
+        initial: CertifiedKey,
+    ) -> Self {
+        let stamps = (stamp(&cert_file), stamp(&key_file));
+        ReloadingCert {
+            cert_file,
+            key_file,
+            provider,
+            current: RwLock::new((Arc::new(initial), stamps.0, stamps.1)),
+        }
+    }
+
+    fn reload_now(&self) -> Result<(), TlsError> {
+        let stamps = (stamp(&self.cert_file), stamp(&self.key_file));
+        let key = Self::read(&self.cert_file, &self.key_file, &self.provider)?;
+        *self.current.write() = (Arc::new(key), stamps.0, stamps.1);
+        tracing::info!(cert = %self.cert_file.display(), "loaded serving certificate");
+        Ok(())
     }
 
     fn read(
@@ -455,6 +519,7 @@ mod tests {
             private_key_file: Some(write(&dir, "tls.key", &s1.key_pem)),
             client_ca_file: Some(write(&dir, "ca.crt", &ca.cert_pem())),
             min_version: TlsVersion::VersionTLS12,
+            ..TlsConfig::default()
         };
         let tls = ServerTls::load(&cfg).unwrap();
         let before = tls.cert.current.read().0.clone();
@@ -477,6 +542,33 @@ mod tests {
             .unwrap()
             .as_secs() as i64;
         assert!(not_after > now);
+    }
+
+    #[test]
+    fn initial_pair_until_the_files_load() {
+        let dir = tempdir();
+        let ca = Ca::new("ca").unwrap();
+        let initial = ca.issue_server(&["localhost"], &[]).unwrap();
+        let key = CertifiedKey::from_der(
+            vec![CertificateDer::from_pem_slice(initial.cert_pem.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(initial.key_pem.as_bytes()).unwrap(),
+            &provider(),
+        )
+        .unwrap();
+        let file = dir.join("current.pem");
+        let tls = ServerTls::with_initial(&TlsConfig::default(), file.clone(), file.clone(), key)
+            .unwrap();
+        let before = tls.cert.current.read().0.clone();
+        // No file yet: the initial pair stays, and a forced reload fails.
+        tls.reload_if_changed();
+        assert!(Arc::ptr_eq(&before, &tls.cert.current.read().0));
+        assert!(tls.reload_now().is_err());
+        assert!(Arc::ptr_eq(&before, &tls.cert.current.read().0));
+        // Certificate and key in one file.
+        let issued = ca.issue_server(&["localhost"], &[]).unwrap();
+        std::fs::write(&file, format!("{}{}", issued.cert_pem, issued.key_pem)).unwrap();
+        tls.reload_now().unwrap();
+        assert!(!Arc::ptr_eq(&before, &tls.cert.current.read().0));
     }
 
     #[test]

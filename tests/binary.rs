@@ -208,3 +208,23 @@ async fn runs_with_the_daemonset_configuration() {
     )
     .await;
 }
+
+/// The `csr-serving-cert` component replaces the DaemonSet's configuration
+/// with its own copy; apart from the serving certificate's source the two
+/// must say the same, or enabling the component would silently change
+/// other settings.
+#[test]
+fn csr_component_configuration_matches_the_daemonset_one() {
+    let read = |path: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(root().join(path)).unwrap();
+        serde_saphyr::from_str(&text).unwrap()
+    };
+    let mut base = read("manifests/kube-cache-proxy.yaml");
+    let mut component = read("manifests/components/csr-serving-cert/kube-cache-proxy.yaml");
+    assert_eq!(component["tls"]["csr"]["enabled"], true);
+    for key in ["certFile", "privateKeyFile", "csr"] {
+        base["tls"].as_object_mut().unwrap().remove(key);
+        component["tls"].as_object_mut().unwrap().remove(key);
+    }
+    assert_eq!(base, component);
+}
