@@ -119,7 +119,7 @@ impl ServerTls {
                 source,
             })?;
         let builder = match &client_ca {
-            Some(ca) => builder.with_client_cert_verifier(ca.clone()),
+            Some(ca) => builder.with_client_cert_verifier(ca.verifier.clone()),
             None => builder.with_no_client_auth(),
         };
         let mut config = builder.with_cert_resolver(cert.clone());
@@ -150,7 +150,7 @@ impl ServerTls {
     pub fn verify_client(&self, chain: &[CertificateDer<'_>]) -> bool {
         self.client_ca
             .as_ref()
-            .is_some_and(|ca| ca.verifier().verify(chain))
+            .is_some_and(|ca| ca.verifier.verify(chain))
     }
 
     /// Re-reads the serving certificate and key now, whether or not the
@@ -318,9 +318,14 @@ impl ResolvesServerCert for ReloadingCert {
 /// authenticates anyone is decided after the handshake with
 /// [`AnyClientCert::verify`], so an untrusted one gets `401`, not a failed
 /// handshake. The handshake still proves the client holds the key.
+///
+/// The trusted roots can be replaced ([`AnyClientCert::set_roots`]) while
+/// the verifier is in use: handshakes and checks that start afterwards see
+/// the new ones.
 #[derive(Debug)]
 pub struct AnyClientCert {
-    inner: Arc<dyn ClientCertVerifier>,
+    provider: Arc<CryptoProvider>,
+    inner: RwLock<Arc<dyn ClientCertVerifier>>,
 }
 
 impl AnyClientCert {
@@ -332,10 +337,37 @@ impl AnyClientCert {
         roots: RootCertStore,
         provider: Arc<CryptoProvider>,
     ) -> Result<AnyClientCert, rustls::server::VerifierBuilderError> {
-        let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        let inner = Self::webpki(roots, provider.clone())?;
+        Ok(AnyClientCert {
+            provider,
+            inner: RwLock::new(inner),
+        })
+    }
+
+    fn webpki(
+        roots: RootCertStore,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Arc<dyn ClientCertVerifier>, rustls::server::VerifierBuilderError> {
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
             .allow_unauthenticated()
-            .build()?;
-        Ok(AnyClientCert { inner })
+            .build()
+    }
+
+    /// Trusts `roots` instead of the current ones.
+    ///
+    /// # Errors
+    /// When the roots are unusable; the current ones are kept.
+    pub fn set_roots(
+        &self,
+        roots: RootCertStore,
+    ) -> Result<(), rustls::server::VerifierBuilderError> {
+        let inner = Self::webpki(roots, self.provider.clone())?;
+        *self.inner.write() = inner;
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<dyn ClientCertVerifier> {
+        self.inner.read().clone()
     }
 
     /// Whether `chain` (leaf first) chains to the roots and is valid now.
@@ -343,7 +375,7 @@ impl AnyClientCert {
         let Some((leaf, intermediates)) = chain.split_first() else {
             return false;
         };
-        self.inner
+        self.current()
             .verify_client_cert(leaf, intermediates, UnixTime::now())
             .is_ok()
     }
@@ -379,7 +411,7 @@ impl ClientCertVerifier for AnyClientCert {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        self.current().verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -388,34 +420,36 @@ impl ClientCertVerifier for AnyClientCert {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        self.current().verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.current().supported_verify_schemes()
     }
 }
 
-/// The client-certificate verifier, rebuilt when the CA bundle changes.
+/// The client-CA bundle file behind an [`AnyClientCert`], re-read when it
+/// changes.
 #[derive(Debug)]
 struct ReloadingClientCa {
     path: PathBuf,
-    provider: Arc<CryptoProvider>,
-    current: RwLock<(Arc<AnyClientCert>, Stamp)>,
+    verifier: Arc<AnyClientCert>,
+    stamp: parking_lot::Mutex<Stamp>,
 }
 
 impl ReloadingClientCa {
     fn load(path: PathBuf, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
-        let verifier = Self::read(&path, &provider)?;
         let st = stamp(&path);
+        let verifier = AnyClientCert::new(Self::read(&path)?, provider)
+            .map_err(|e| Self::unusable(&path, &e))?;
         Ok(ReloadingClientCa {
             path,
-            provider,
-            current: RwLock::new((verifier, st)),
+            verifier: Arc::new(verifier),
+            stamp: parking_lot::Mutex::new(st),
         })
     }
 
-    fn read(path: &Path, provider: &Arc<CryptoProvider>) -> Result<Arc<AnyClientCert>, TlsError> {
+    fn read(path: &Path) -> Result<RootCertStore, TlsError> {
         let mut roots = RootCertStore::empty();
         for cert in read_certs(path)? {
             roots.add(cert).map_err(|source| TlsError::Rustls {
@@ -423,78 +457,36 @@ impl ReloadingClientCa {
                 source,
             })?;
         }
-        AnyClientCert::new(roots, provider.clone())
-            .map(Arc::new)
-            .map_err(|e| TlsError::File {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })
+        Ok(roots)
     }
 
-    fn verifier(&self) -> Arc<AnyClientCert> {
-        self.current.read().0.clone()
+    fn unusable(path: &Path, e: &rustls::server::VerifierBuilderError) -> TlsError {
+        TlsError::File {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
     }
 
     fn reload_if_changed(&self) {
         let st = stamp(&self.path);
-        if self.current.read().1 == st {
+        let mut current = self.stamp.lock();
+        if *current == st {
             return;
         }
-        match Self::read(&self.path, &self.provider) {
-            Ok(v) => {
-                *self.current.write() = (v, st);
+        let loaded = Self::read(&self.path).and_then(|roots| {
+            self.verifier
+                .set_roots(roots)
+                .map_err(|e| Self::unusable(&self.path, &e))
+        });
+        match loaded {
+            Ok(()) => {
+                *current = st;
                 tracing::info!(ca = %self.path.display(), "reloaded client CA bundle");
             }
             Err(error) => {
                 tracing::warn!(%error, "client CA bundle changed but could not be loaded; keeping the previous one");
             }
         }
-    }
-}
-
-impl ClientCertVerifier for ReloadingClientCa {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        self.verifier()
-            .verify_client_cert(end_entity, intermediates, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.verifier().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.verifier().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.verifier().supported_verify_schemes()
     }
 }
 
@@ -542,6 +534,37 @@ mod tests {
             .unwrap()
             .as_secs() as i64;
         assert!(not_after > now);
+    }
+
+    #[test]
+    fn client_ca_reloads() {
+        let dir = tempdir();
+        let old = Ca::new("old").unwrap();
+        let new = Ca::new("new").unwrap();
+        let served = old.issue_server(&["localhost"], &[]).unwrap();
+        let cfg = TlsConfig {
+            cert_file: Some(write(&dir, "tls.crt", &served.cert_pem)),
+            private_key_file: Some(write(&dir, "tls.key", &served.key_pem)),
+            client_ca_file: Some(write(&dir, "ca.crt", &old.cert_pem())),
+            ..TlsConfig::default()
+        };
+        let tls = ServerTls::load(&cfg).unwrap();
+        let chain = |ca: &Ca| {
+            let issued = ca.issue_client("alice", Some("devs")).unwrap();
+            vec![CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap()]
+        };
+        assert!(tls.verify_client(&chain(&old)));
+        assert!(!tls.verify_client(&chain(&new)));
+        assert!(!tls.verify_client(&[]));
+        // A broken bundle keeps the old roots.
+        std::fs::write(dir.join("ca.crt"), "garbage").unwrap();
+        tls.reload_if_changed();
+        assert!(tls.verify_client(&chain(&old)));
+        // A new bundle replaces them, for the verifier the live config holds.
+        std::fs::write(dir.join("ca.crt"), new.cert_pem()).unwrap();
+        tls.reload_if_changed();
+        assert!(tls.verify_client(&chain(&new)));
+        assert!(!tls.verify_client(&chain(&old)));
     }
 
     #[test]
