@@ -63,6 +63,28 @@ pub fn with_certificate(
     )
 }
 
+/// A kubeconfig authenticating with the client certificate and key in the
+/// files `cert_file` and `key_file` (which may be the same file, as
+/// kubelet's `kubelet-client-current.pem`).
+pub fn with_certificate_files(
+    server: &str,
+    ca_pem: &str,
+    user: &str,
+    cert_file: &str,
+    key_file: &str,
+) -> String {
+    render(
+        server,
+        ca_pem,
+        user,
+        AuthInfo {
+            client_certificate: Some(cert_file.into()),
+            client_key: Some(key_file.into()),
+            ..AuthInfo::default()
+        },
+    )
+}
+
 /// A kubeconfig authenticating with a bearer token.
 pub fn with_token(server: &str, ca_pem: &str, token: &str) -> String {
     render(

@@ -134,6 +134,7 @@ pub async fn run(
     let token = CancellationToken::new();
     let admin_token = CancellationToken::new();
     tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
+    upstream.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     let admin = Admin {
         metrics: metrics.clone(),
         readiness: readiness.clone(),

@@ -193,9 +193,9 @@ impl ServerTls {
 }
 
 /// (modification time, length) of a file, to notice replacement.
-type Stamp = Option<(SystemTime, u64)>;
+pub(crate) type Stamp = Option<(SystemTime, u64)>;
 
-fn stamp(path: &Path) -> Stamp {
+pub(crate) fn stamp(path: &Path) -> Stamp {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
 }
@@ -223,6 +223,21 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
+/// A certificate chain and the private key that matches its leaf, from PEM
+/// files (which may be one and the same file).
+pub(crate) fn read_certified_key(
+    cert_file: &Path,
+    key_file: &Path,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let certs = read_certs(cert_file)?;
+    let key = read_key(key_file)?;
+    CertifiedKey::from_der(certs, key, provider).map_err(|source| TlsError::Rustls {
+        path: key_file.to_path_buf(),
+        source,
+    })
+}
+
 /// The serving certificate, swapped atomically on reload.
 #[derive(Debug)]
 struct ReloadingCert {
@@ -238,7 +253,7 @@ impl ReloadingCert {
         key_file: PathBuf,
         provider: Arc<CryptoProvider>,
     ) -> Result<Self, TlsError> {
-        let key = Self::read(&cert_file, &key_file, &provider)?;
+        let key = read_certified_key(&cert_file, &key_file, &provider)?;
         let stamps = (stamp(&cert_file), stamp(&key_file));
         Ok(ReloadingCert {
             cert_file,
@@ -266,23 +281,10 @@ impl ReloadingCert {
 
     fn reload_now(&self) -> Result<(), TlsError> {
         let stamps = (stamp(&self.cert_file), stamp(&self.key_file));
-        let key = Self::read(&self.cert_file, &self.key_file, &self.provider)?;
+        let key = read_certified_key(&self.cert_file, &self.key_file, &self.provider)?;
         *self.current.write() = (Arc::new(key), stamps.0, stamps.1);
         tracing::info!(cert = %self.cert_file.display(), "loaded serving certificate");
         Ok(())
-    }
-
-    fn read(
-        cert_file: &Path,
-        key_file: &Path,
-        provider: &CryptoProvider,
-    ) -> Result<CertifiedKey, TlsError> {
-        let certs = read_certs(cert_file)?;
-        let key = read_key(key_file)?;
-        CertifiedKey::from_der(certs, key, provider).map_err(|source| TlsError::Rustls {
-            path: key_file.to_path_buf(),
-            source,
-        })
     }
 
     fn reload_if_changed(&self) {
@@ -293,7 +295,7 @@ impl ReloadingCert {
                 return;
             }
         }
-        match Self::read(&self.cert_file, &self.key_file, &self.provider) {
+        match read_certified_key(&self.cert_file, &self.key_file, &self.provider) {
             Ok(key) => {
                 *self.current.write() = (Arc::new(key), stamps.0, stamps.1);
                 tracing::info!(cert = %self.cert_file.display(), "reloaded serving certificate");

@@ -3,7 +3,9 @@
 //! Configuration comes from a kubeconfig file or the in-cluster
 //! service-account files, loaded by `kube`'s config loader (CA, client
 //! certificate and key, static token or a token file that is re-read as it
-//! rotates, exec plugins). Requests go through a pooled hyper client over
+//! rotates, exec plugins). A client certificate and key named by file
+//! (kubelet's rotating `kubelet-client-current.pem`, a certificate an
+//! operator renews) are re-read when the files change, as client-go does. Requests go through a pooled hyper client over
 //! rustls that speaks HTTP/2 when the apiserver offers it.
 //!
 //! Two pools exist because the apiserver authenticates a TLS client
@@ -20,7 +22,7 @@
 //! HTTP upgrades (exec, attach, port-forward) use a dedicated HTTP/1.1
 //! connection per request, since HTTP/2 has no `Upgrade`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +39,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::client::ConfigExt;
-use rustls::ClientConfig;
+use parking_lot::{Mutex, RwLock};
+use rustls::client::ResolvesClientCert;
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, SignatureScheme};
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tower::util::BoxCloneSyncService;
@@ -46,6 +51,7 @@ use tower::{Layer, ServiceExt};
 use crate::body::{Body, BoxError};
 use crate::config::UpstreamConfig;
 use crate::status::Status;
+use crate::tls::{Stamp, stamp};
 
 /// Which credentials a request carries upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,13 +109,51 @@ type AuthService = BoxCloneSyncService<Request<Empty<Bytes>>, Response<Empty<Byt
 #[derive(Clone)]
 pub struct Upstream {
     base: Uri,
-    proxy_pool: Pool,
-    client_pool: Pool,
+    /// Connections carrying the proxy's client certificate; replaced when
+    /// that certificate is re-read from its files.
+    proxy: Arc<RwLock<Transport>>,
+    client: Transport,
     auth: Option<AuthService>,
-    proxy_tls_h1: Arc<ClientConfig>,
-    client_tls_h1: Arc<ClientConfig>,
+    /// The proxy's client certificate and key files, when the kubeconfig
+    /// names files rather than embedding the data.
+    client_cert_files: Option<Arc<ClientCertFiles>>,
+    /// The TLS configuration from the kubeconfig, before any re-read
+    /// client certificate.
+    proxy_tls: Arc<ClientConfig>,
     server_name: ServerName<'static>,
     connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// A connection pool and the TLS configuration it was built with (for
+/// HTTP/1.1 upgrade connections, outside the pool).
+#[derive(Clone)]
+struct Transport {
+    pool: Pool,
+    tls_h1: Arc<ClientConfig>,
+}
+
+/// The proxy's client certificate and key files, and what they looked like
+/// when last read.
+#[derive(Debug)]
+struct ClientCertFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    stamps: Mutex<(Stamp, Stamp)>,
+}
+
+/// Always presents one client certificate.
+#[derive(Debug)]
+struct FixedClientCert(Arc<CertifiedKey>);
+
+impl ResolvesClientCert for FixedClientCert {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
 }
 
 impl std::fmt::Debug for Upstream {
@@ -164,35 +208,6 @@ impl Upstream {
         let server_name = ServerName::try_from(name.clone())
             .map_err(|e| UpstreamError::Config(format!("invalid TLS server name {name:?}: {e}")))?;
 
-        let pool = |tls: ClientConfig| -> Pool {
-            let mut http = HttpConnector::new();
-            http.enforce_http(false);
-            http.set_nodelay(true);
-            http.set_connect_timeout(Some(connect_timeout));
-            let https = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config(tls)
-                .https_or_http()
-                .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
-                    server_name.clone(),
-                ))
-                .enable_http1()
-                .enable_http2()
-                .wrap_connector(http);
-            // The connect timeout above covers TCP only; this one also
-            // bounds the TLS handshake.
-            let connector = TimeoutConnector {
-                inner: https,
-                timeout: connect_timeout,
-            };
-            Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(idle_timeout)
-                .pool_timer(hyper_util::rt::TokioTimer::new())
-                .http2_keep_alive_interval(Some(Duration::from_secs(30)))
-                .http2_keep_alive_timeout(Duration::from_secs(10))
-                .timer(hyper_util::rt::TokioTimer::new())
-                .build(connector)
-        };
-
         let auth = kube_config.auth_layer().map_err(cfg_err)?.map(|layer| {
             let identity = tower::service_fn(|req: Request<Empty<Bytes>>| async move {
                 let mut echo = Response::new(Empty::new());
@@ -202,20 +217,117 @@ impl Upstream {
             BoxCloneSyncService::new(layer.layer(identity))
         });
 
-        let h1 = |mut tls: ClientConfig| {
-            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-            Arc::new(tls)
+        // client-go re-reads a client certificate named by file (kubelet's
+        // kubelet-client-current.pem rotates); data embedded in the
+        // kubeconfig cannot change.
+        let info = &kube_config.auth_info;
+        let client_cert_files = match (&info.client_certificate, &info.client_key) {
+            (Some(cert), Some(key))
+                if info.client_certificate_data.is_none() && info.client_key_data.is_none() =>
+            {
+                let (cert, key) = (PathBuf::from(cert), PathBuf::from(key));
+                let stamps = (stamp(&cert), stamp(&key));
+                Some(Arc::new(ClientCertFiles {
+                    cert,
+                    key,
+                    stamps: Mutex::new(stamps),
+                }))
+            }
+            _ => None,
         };
+
+        let proxy = Transport::new(
+            proxy_tls.clone(),
+            &server_name,
+            connect_timeout,
+            idle_timeout,
+        );
+        let client = Transport::new(client_tls, &server_name, connect_timeout, idle_timeout);
         Ok(Upstream {
             base,
-            proxy_pool: pool(proxy_tls.clone()),
-            client_pool: pool(client_tls.clone()),
+            proxy: Arc::new(RwLock::new(proxy)),
+            client,
             auth,
-            proxy_tls_h1: h1(proxy_tls),
-            client_tls_h1: h1(client_tls),
+            client_cert_files,
+            proxy_tls: Arc::new(proxy_tls),
             server_name,
             connect_timeout,
+            idle_timeout,
         })
+    }
+
+    /// Re-reads the proxy's client certificate and key if their files
+    /// changed, and if they load, sends new requests over new connections
+    /// that present them (requests in flight finish on the old ones). A
+    /// pair that does not load (a rotation half-written, a key that does
+    /// not match) is logged and the current one kept. Returns whether the
+    /// certificate was replaced.
+    pub fn reload_client_certificate_if_changed(&self) -> bool {
+        let Some(files) = &self.client_cert_files else {
+            return false;
+        };
+        let stamps = (stamp(&files.cert), stamp(&files.key));
+        let mut seen = files.stamps.lock();
+        if *seen == stamps {
+            return false;
+        }
+        let provider = self.proxy_tls.crypto_provider().clone();
+        let key = match crate::tls::read_certified_key(&files.cert, &files.key, &provider) {
+            Ok(key) => key,
+            Err(error) => {
+                tracing::warn!(%error, "upstream client certificate changed but could not be loaded; keeping the previous one");
+                return false;
+            }
+        };
+        let mut tls = (*self.proxy_tls).clone();
+        tls.client_auth_cert_resolver = Arc::new(FixedClientCert(Arc::new(key)));
+        // No resumption of sessions made with the previous certificate: a
+        // resumed session keeps the identity it was established with.
+        tls.resumption = rustls::client::Resumption::default();
+        let transport = Transport::new(
+            tls,
+            &self.server_name,
+            self.connect_timeout,
+            self.idle_timeout,
+        );
+        *self.proxy.write() = transport;
+        *seen = stamps;
+        tracing::info!(cert = %files.cert.display(), "reloaded the upstream client certificate");
+        true
+    }
+
+    /// Spawns a task that calls
+    /// [`Upstream::reload_client_certificate_if_changed`] every `interval`
+    /// until `shutdown` is cancelled; nothing when the kubeconfig embeds
+    /// its client certificate or has none.
+    pub fn spawn_reloader(
+        &self,
+        interval: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        if self.client_cert_files.is_none() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    _ = tick.tick() => {
+                        this.reload_client_certificate_if_changed();
+                    }
+                }
+            }
+        });
+    }
+
+    fn transport(&self, credentials: Credentials) -> Transport {
+        match credentials {
+            Credentials::Proxy => self.proxy.read().clone(),
+            Credentials::Client => self.client.clone(),
+        }
     }
 
     /// The apiserver's base URL.
@@ -252,13 +364,10 @@ impl Upstream {
         mut req: Request<Body>,
         credentials: Credentials,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let pool = match credentials {
-            Credentials::Proxy => {
-                self.authorize(req.headers_mut()).await?;
-                &self.proxy_pool
-            }
-            Credentials::Client => &self.client_pool,
-        };
+        if credentials == Credentials::Proxy {
+            self.authorize(req.headers_mut()).await?;
+        }
+        let pool = self.transport(credentials).pool;
         pool.request(req).await.map_err(|e| {
             if e.is_connect() {
                 UpstreamError::Connect(error_chain(&e))
@@ -302,13 +411,10 @@ impl Upstream {
         mut req: Request<Body>,
         credentials: Credentials,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let tls = match credentials {
-            Credentials::Proxy => {
-                self.authorize(req.headers_mut()).await?;
-                self.proxy_tls_h1.clone()
-            }
-            Credentials::Client => self.client_tls_h1.clone(),
-        };
+        if credentials == Credentials::Proxy {
+            self.authorize(req.headers_mut()).await?;
+        }
+        let tls = self.transport(credentials).tls_h1;
         let io = tokio::time::timeout(self.connect_timeout, self.dial(tls))
             .await
             .map_err(|_| UpstreamError::Connect("timed out".into()))??;
@@ -352,6 +458,48 @@ impl Upstream {
             .await
             .map_err(|e| UpstreamError::Connect(e.to_string()))?;
         Ok(Box::new(stream))
+    }
+}
+
+impl Transport {
+    fn new(
+        tls: ClientConfig,
+        server_name: &ServerName<'static>,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Transport {
+        let mut tls_h1 = tls.clone();
+        tls_h1.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+                server_name.clone(),
+            ))
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        // The connect timeout above covers TCP only; this one also bounds
+        // the TLS handshake.
+        let connector = TimeoutConnector {
+            inner: https,
+            timeout: connect_timeout,
+        };
+        let pool = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(idle_timeout)
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .http2_keep_alive_interval(Some(Duration::from_secs(30)))
+            .http2_keep_alive_timeout(Duration::from_secs(10))
+            .timer(hyper_util::rt::TokioTimer::new())
+            .build(connector);
+        Transport {
+            pool,
+            tls_h1: Arc::new(tls_h1),
+        }
     }
 }
 
@@ -477,5 +625,46 @@ mod tests {
         assert!(matches!(err, UpstreamError::Connect(_)), "{err:?}");
         assert!(start.elapsed() < Duration::from_secs(1));
         assert_eq!(err.to_status().code, 503);
+    }
+
+    #[tokio::test]
+    async fn client_certificate_files_are_reread_only_when_valid() {
+        let dir = std::env::temp_dir().join(format!("kcp-upstream-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = crate::pki::Ca::new("ca").unwrap();
+        let pem = dir.join("client.pem");
+        let first = ca.issue_client("proxy", None).unwrap();
+        std::fs::write(&pem, format!("{}{}", first.cert_pem, first.key_pem)).unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        let file = pem.to_str().unwrap();
+        std::fs::write(
+            &kubeconfig,
+            crate::kubeconfig::with_certificate_files(
+                "https://127.0.0.1:1",
+                &ca.cert_pem(),
+                "proxy",
+                file,
+                file,
+            ),
+        )
+        .unwrap();
+        let cfg = load_kube_config(Some(&kubeconfig), None).await.unwrap();
+        let u = Upstream::new(&cfg, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
+        assert!(u.client_cert_files.is_some());
+        // Unchanged.
+        assert!(!u.reload_client_certificate_if_changed());
+        // Half-written, and a key that belongs to another certificate: kept.
+        std::fs::write(&pem, &first.cert_pem).unwrap();
+        assert!(!u.reload_client_certificate_if_changed());
+        let second = ca.issue_client("proxy", None).unwrap();
+        std::fs::write(&pem, format!("{}{}", second.cert_pem, first.key_pem)).unwrap();
+        assert!(!u.reload_client_certificate_if_changed());
+        // Complete: taken, once.
+        std::fs::write(&pem, format!("{}{}", second.cert_pem, second.key_pem)).unwrap();
+        assert!(u.reload_client_certificate_if_changed());
+        assert!(!u.reload_client_certificate_if_changed());
+        // Embedded data cannot change: nothing to watch.
+        assert!(upstream("https://127.0.0.1:1").client_cert_files.is_none());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

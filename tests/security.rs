@@ -507,3 +507,74 @@ async fn watch_allowed_then_permission_revoked_keeps_running_like_the_apiserver(
     assert_eq!(w.event(SOON).await["object"]["metadata"]["name"], "later");
     assert!(matches!(w.next(QUIET).await, Next::Timeout));
 }
+
+/// The proxy's own client certificate, named by file in its kubeconfig as
+/// kubelet's is (`kubelet-client-current.pem`, certificate and key in one
+/// file), is re-read when the file changes: later upstream requests present
+/// the new one, as client-go's certificate rotation does.
+#[tokio::test]
+async fn a_rotated_upstream_client_certificate_is_picked_up() {
+    use kube_cache_proxy::sim::{Sim, SimConfig};
+    let dir = support::env::tempdir();
+    let pem = dir.join("proxy-client-current.pem");
+    let proxy_user = SimConfig::default().proxy_user;
+    // The group in the proxy's certificate tells which one a request used.
+    let write_identity = |sim: &Sim, group: &str| {
+        let issued = sim.issue_client(&proxy_user, Some(group));
+        // Written aside and renamed into place, as kubelet swaps its link.
+        let next = dir.join("next.pem");
+        std::fs::write(&next, format!("{}{}", issued.cert_pem, issued.key_pem)).unwrap();
+        std::fs::rename(&next, &pem).unwrap();
+    };
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    write_identity(&sim, "first");
+    let kubeconfig = dir.join("upstream.kubeconfig");
+    let file = pem.to_str().unwrap();
+    let text = kube_cache_proxy::kubeconfig::with_certificate_files(
+        &sim.url(),
+        &sim.ca_pem(),
+        &proxy_user,
+        file,
+        file,
+    );
+    std::fs::write(&kubeconfig, text).unwrap();
+    let env = Env::start_on(sim, |c| c.upstream.kubeconfig = Some(kubeconfig.clone())).await;
+    env.ready().await;
+    // Each new user costs a SubjectAccessReview, made with the proxy's
+    // credentials: the last one's certificate group.
+    let last_review = || {
+        env.sim
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|r| r.resource == "subjectaccessreviews")
+            .and_then(|r| {
+                assert_eq!(r.user, proxy_user);
+                r.groups.into_iter().find(|g| g == "first" || g == "second")
+            })
+    };
+    let list = |identity: Identity| {
+        let c = env.proxy(identity.auth(&env.sim));
+        async move { c.get("/api/v1/namespaces/ns/pods").await.status }
+    };
+    list(Identity::user("user-0")).await;
+    assert_eq!(last_review().as_deref(), Some("first"));
+
+    write_identity(&env.sim, "second");
+    // Picked up within the reload interval (10 s); requests meanwhile keep
+    // working with the first certificate.
+    let deadline = Instant::now() + Duration::from_secs(25);
+    for n in 1.. {
+        list(Identity::user(&format!("user-{n}"))).await;
+        if last_review().as_deref() == Some("second") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was never used"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The cache served throughout, and still does.
+    assert_eq!(list(Identity::admin()).await, StatusCode::OK);
+}

@@ -74,6 +74,12 @@ impl Env {
     /// adjusted by `customize`.
     pub async fn start_with(sim_config: SimConfig, customize: impl FnOnce(&mut Config)) -> Env {
         let sim = Sim::start(sim_config).await.unwrap();
+        Env::start_on(sim, customize).await
+    }
+
+    /// The proxy in front of an already started `sim`, with the test
+    /// configuration adjusted by `customize`.
+    pub async fn start_on(sim: Sim, customize: impl FnOnce(&mut Config)) -> Env {
         let dir = tempdir();
         let proxy_ca = Ca::new("kube-cache-proxy-test-ca").unwrap();
         let mut config = proxy_config(&sim, &dir, &proxy_ca);
