@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, Method, Request, StatusCode, header};
+use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
@@ -1002,29 +1002,9 @@ impl Task {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Request<body::Body>, CsrError> {
-        let uri = self
-            .upstream
-            .uri(Some(&path.parse().map_err(|e| CsrError::local("path", e))?))
-            .map_err(|e| CsrError::Upstream(e.to_string()))?;
-        let has_body = body.is_some();
-        let mut req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .body(body.map_or_else(body::empty, body::full))
-            .map_err(|e| CsrError::local("request", e))?;
-        let h = req.headers_mut();
-        if has_body {
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-        }
-        h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-        h.insert(
-            header::USER_AGENT,
-            HeaderValue::from_static(concat!("kube-cache-proxy/", env!("CARGO_PKG_VERSION"))),
-        );
-        Ok(req)
+        self.upstream
+            .own_request(method, path, body)
+            .map_err(|e| CsrError::Upstream(e.to_string()))
     }
 
     /// A short request with the proxy's credentials: status and body.

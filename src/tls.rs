@@ -179,17 +179,27 @@ impl ServerTls {
         shutdown: tokio_util::sync::CancellationToken,
     ) {
         let this = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tick.tick() => this.reload_if_changed(),
-                }
-            }
-        });
+        spawn_every(interval, shutdown, move || this.reload_if_changed());
     }
+}
+
+/// Spawns a task that calls `f` every `interval` (the first time at once)
+/// until `shutdown` is cancelled: the file-reload loops.
+pub(crate) fn spawn_every(
+    interval: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+    mut f: impl FnMut() + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => f(),
+            }
+        }
+    });
 }
 
 /// (modification time, length) of a file, to notice replacement.

@@ -309,17 +309,8 @@ impl Upstream {
             return;
         }
         let this = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    _ = tick.tick() => {
-                        this.reload_client_certificate_if_changed();
-                    }
-                }
-            }
+        crate::tls::spawn_every(interval, shutdown, move || {
+            this.reload_client_certificate_if_changed();
         });
     }
 
@@ -350,6 +341,42 @@ impl Upstream {
                 .map_err(|e| UpstreamError::Request(format!("invalid path: {e}")))?,
         );
         Uri::from_parts(parts).map_err(|e| UpstreamError::Request(format!("invalid URI: {e}")))
+    }
+
+    /// A request the proxy makes for itself (reflector lists and watches,
+    /// reviews, its CSR): `path_and_query` under the base URL, accepting
+    /// JSON, sending `body` as JSON if any, with the proxy's `User-Agent`.
+    /// Send it with [`Credentials::Proxy`].
+    ///
+    /// # Errors
+    /// When `path_and_query` does not make a valid URI.
+    pub fn own_request(
+        &self,
+        method: http::Method,
+        path_and_query: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Request<Body>, UpstreamError> {
+        let pq = path_and_query
+            .parse()
+            .map_err(|e| UpstreamError::Request(format!("invalid path: {e}")))?;
+        let uri = self.uri(Some(&pq))?;
+        let has_body = body.is_some();
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(body.map_or_else(crate::body::empty, crate::body::full))
+            .map_err(|e| UpstreamError::Request(e.to_string()))?;
+        let h = req.headers_mut();
+        let json = HeaderValue::from_static("application/json");
+        if has_body {
+            h.insert(http::header::CONTENT_TYPE, json.clone());
+        }
+        h.insert(http::header::ACCEPT, json);
+        h.insert(
+            http::header::USER_AGENT,
+            HeaderValue::from_static(concat!("kube-cache-proxy/", env!("CARGO_PKG_VERSION"))),
+        );
+        Ok(req)
     }
 
     /// Sends a request whose URI is already an upstream URI (see

@@ -7,8 +7,7 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,13 +17,11 @@ use kube_cache_proxy::config::Config;
 use kube_cache_proxy::pki::Ca;
 use kube_cache_proxy::resource::Gvr;
 use kube_cache_proxy::sim::{Rule, Sim, SimConfig, Subject};
-use kube_cache_proxy::{Listeners, RunError};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateSigningRequestDer, ServerName};
 use serde_json::{Value, json};
+use support::env::{Running, tempdir};
 use support::{Auth, Client, Identity, Next, SOON};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use x509_parser::prelude::{FromDer, GeneralName, ParsedExtension};
 
 const NODE: &str = "node-1";
@@ -47,124 +44,33 @@ fn cms() -> Gvr {
     }
 }
 
-fn tempdir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kcp-csr-test-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A running proxy.
-struct Proxy {
-    url: String,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), RunError>>>,
-}
-
-impl Proxy {
-    async fn start(config: &Config) -> Proxy {
-        config.validate().unwrap();
-        let listeners = Listeners::bind(config).await.unwrap();
-        let addr = listeners.api.local_addr().unwrap();
-        let admin = listeners.admin.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(kube_cache_proxy::run(
-            listeners,
-            config.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Proxy {
-            url: format!("https://{addr}"),
-            addr,
-            admin,
-            stop: Some(stop),
-            task: Some(task),
+/// Waits until the serving-certificate check fails with a reason
+/// containing `text`; returns the body.
+async fn not_ready_because(proxy: &Running, text: &str) -> String {
+    let deadline = tokio::time::Instant::now() + SOON;
+    loop {
+        let (status, body) = proxy.admin_get("/readyz?verbose").await;
+        if status == 500 && body.contains("[-]serving-certificate failed") && body.contains(text) {
+            return body;
         }
-    }
-
-    async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(Duration::from_secs(10), task)
-                .await
-                .expect("proxy did not stop in time")
-                .unwrap()
-                .unwrap();
-        }
-    }
-
-    /// `GET /readyz?verbose` on the admin port: (status, body).
-    async fn readyz(&self) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(self.admin).await.unwrap();
-        s.write_all(b"GET /readyz?verbose HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        (out[9..12].parse().unwrap(), out)
-    }
-
-    /// Waits until `/readyz` answers 200.
-    async fn ready(&self) {
-        let deadline = tokio::time::Instant::now() + SOON;
-        loop {
-            let (status, body) = self.readyz().await;
-            if status == 200 {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "proxy not ready: {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Waits until the serving-certificate check fails with a reason
-    /// containing `text`; returns the body.
-    async fn not_ready_because(&self, text: &str) -> String {
-        let deadline = tokio::time::Instant::now() + SOON;
-        loop {
-            let (status, body) = self.readyz().await;
-            if status == 500
-                && body.contains("[-]serving-certificate failed")
-                && body.contains(text)
-            {
-                return body;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "expected serving-certificate not ready ({text}), got {status}: {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// The leaf certificate a new handshake gets, verified against
-    /// `ca_pem` only; `None` when the handshake fails.
-    async fn served_leaf(&self, ca_pem: &str) -> Option<Vec<u8>> {
-        let cfg = support::client::tls_config(ca_pem, &Auth::Anonymous);
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-        let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-        let name = ServerName::IpAddress(self.addr.ip().into());
-        let tls = connector.connect(name, tcp).await.ok()?;
-        let leaf = tls.get_ref().1.peer_certificates()?.first()?.to_vec();
-        Some(leaf)
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expected serving-certificate not ready ({text}), got {status}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
+/// The leaf certificate a new handshake gets, verified against
+/// `ca_pem` only; `None` when the handshake fails.
+async fn served_leaf(proxy: &Running, ca_pem: &str) -> Option<Vec<u8>> {
+    let cfg = support::client::tls_config(ca_pem, &Auth::Anonymous);
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let name = ServerName::IpAddress(proxy.addr.ip().into());
+    let tls = connector.connect(name, tcp).await.ok()?;
+    let leaf = tls.get_ref().1.peer_certificates()?.first()?.to_vec();
+    Some(leaf)
 }
 
 /// The sim with the proxy user allowed to create CSRs, as
@@ -330,10 +236,10 @@ fn deny(sim: &Sim, csr: &Value) {
 }
 
 /// Waits until new handshakes get `leaf` (verified against `ca_pem`).
-async fn serves(proxy: &Proxy, ca_pem: &str, leaf: &[u8]) {
+async fn serves(proxy: &Running, ca_pem: &str, leaf: &[u8]) {
     let deadline = tokio::time::Instant::now() + SOON;
     loop {
-        if proxy.served_leaf(ca_pem).await.as_deref() == Some(leaf) {
+        if served_leaf(proxy, ca_pem).await.as_deref() == Some(leaf) {
             return;
         }
         assert!(
@@ -354,21 +260,23 @@ async fn obtains_serves_and_renews_its_certificate() {
     let dir = tempdir();
     let pki = dir.join("pki");
     let config = config(&sim, &dir, &pki);
-    let mut proxy = Proxy::start(&config).await;
+    let mut proxy = Running::start(&config).await;
 
     // (1) A CSR appears; until it is issued, the proxy is not ready, says
     // what to do, and clients trusting the cluster CA do not trust it.
     let first = new_csr(&sim, &[], SOON).await;
     let first_key = check_request(&first);
-    let body = proxy
-        .not_ready_because(&format!(
+    let body = not_ready_because(
+        &proxy,
+        &format!(
             "CSR {} for {SIGNER} is pending approval: kubectl certificate approve {}",
             name(&first),
             name(&first)
-        ))
-        .await;
+        ),
+    )
+    .await;
     assert!(body.contains("temporary self-signed"), "{body}");
-    assert!(proxy.served_leaf(&cluster_ca_pem).await.is_none());
+    assert!(served_leaf(&proxy, &cluster_ca_pem).await.is_none());
     let trusting = Client::new(
         &proxy.url,
         &cluster_ca_pem,
@@ -433,7 +341,7 @@ async fn obtains_serves_and_renews_its_certificate() {
     let second_key = check_request(&second);
     assert_ne!(first_key, second_key, "renewal must use a new key");
     // The old certificate is still served while the renewal is pending.
-    assert_eq!(proxy.readyz().await.0, 200);
+    assert_eq!(proxy.admin_get("/readyz?verbose").await.0, 200);
     let leaf2 = approve_and_sign(&sim, &second, &cluster_ca, Duration::from_secs(3600));
     serves(&proxy, &cluster_ca_pem, &leaf2).await;
     sim.create(
@@ -454,9 +362,9 @@ async fn obtains_serves_and_renews_its_certificate() {
 
     // A restart serves the issued certificate from disk at once: ready
     // without a new CSR.
-    proxy.stop().await;
-    let proxy = Proxy::start(&config).await;
-    assert_eq!(proxy.served_leaf(&cluster_ca_pem).await, Some(leaf2));
+    proxy.stop().await.unwrap();
+    let proxy = Running::start(&config).await;
+    assert_eq!(served_leaf(&proxy, &cluster_ca_pem).await, Some(leaf2));
     proxy.ready().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(csr_names(&sim).await.len(), 2);
@@ -470,19 +378,18 @@ async fn denied_request_keeps_it_not_ready_and_is_retried() {
     let cluster_ca = Ca::new("cluster-ca").unwrap();
     let dir = tempdir();
     let pki = dir.join("pki");
-    let proxy = Proxy::start(&config(&sim, &dir, &pki)).await;
+    let proxy = Running::start(&config(&sim, &dir, &pki)).await;
 
     let first = new_csr(&sim, &[], SOON).await;
     let first_key = check_request(&first);
     deny(&sim, &first);
     // (4) Denied: not ready, saying so; a new request (new key) after
     // backoff (2 s), not at once.
-    let body = proxy
-        .not_ready_because(&format!(
-            "CSR {} was denied: TestDenied: not this one",
-            name(&first)
-        ))
-        .await;
+    let body = not_ready_because(
+        &proxy,
+        &format!("CSR {} was denied: TestDenied: not this one", name(&first)),
+    )
+    .await;
     assert!(body.contains("retrying in"), "{body}");
     let denied_at = tokio::time::Instant::now();
     let second = new_csr(&sim, &[name(&first)], Duration::from_secs(10)).await;
@@ -492,7 +399,7 @@ async fn denied_request_keeps_it_not_ready_and_is_retried() {
         denied_at.elapsed()
     );
     assert_ne!(check_request(&second), first_key);
-    assert_eq!(proxy.readyz().await.0, 500);
+    assert_eq!(proxy.admin_get("/readyz?verbose").await.0, 500);
 
     let leaf = approve_and_sign(&sim, &second, &cluster_ca, Duration::from_secs(3600));
     serves(&proxy, &cluster_ca.cert_pem(), &leaf).await;
@@ -509,25 +416,23 @@ async fn restart_resumes_the_pending_request() {
     let dir = tempdir();
     let pki = dir.join("pki");
     let config = config(&sim, &dir, &pki);
-    let mut proxy = Proxy::start(&config).await;
+    let mut proxy = Running::start(&config).await;
     let first = new_csr(&sim, &[], SOON).await;
-    proxy
-        .not_ready_because(&format!(
-            "CSR {} for {SIGNER} is pending approval",
-            name(&first)
-        ))
-        .await;
-    proxy.stop().await;
+    not_ready_because(
+        &proxy,
+        &format!("CSR {} for {SIGNER} is pending approval", name(&first)),
+    )
+    .await;
+    proxy.stop().await.unwrap();
 
     // The restarted proxy waits for the same request: approving it (as
     // the operator was told to) is enough.
-    let proxy = Proxy::start(&config).await;
-    proxy
-        .not_ready_because(&format!(
-            "CSR {} for {SIGNER} is pending approval",
-            name(&first)
-        ))
-        .await;
+    let proxy = Running::start(&config).await;
+    not_ready_because(
+        &proxy,
+        &format!("CSR {} for {SIGNER} is pending approval", name(&first)),
+    )
+    .await;
     assert_eq!(csr_names(&sim).await, [name(&first)]);
     let leaf = approve_and_sign(&sim, &first, &cluster_ca, Duration::from_secs(3600));
     serves(&proxy, &cluster_ca.cert_pem(), &leaf).await;

@@ -2,12 +2,11 @@
 //! proxy's own credentials (it needs `create` on both, as in the built-in
 //! `system:auth-delegator` role).
 
-use http::{HeaderValue, Request, StatusCode, header};
+use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::body;
 use crate::upstream::{Credentials, Upstream};
 
 /// A review could not be made.
@@ -33,22 +32,9 @@ pub async fn create<T: Serialize, R: DeserializeOwned>(
 ) -> Result<R, ReviewError> {
     let err = |e: &dyn std::fmt::Display| ReviewError::Upstream(e.to_string());
     let body = serde_json::to_vec(review).map_err(|e| err(&e))?;
-    let uri = upstream
-        .uri(Some(&path.parse().map_err(|e| err(&e))?))
+    let req = upstream
+        .own_request(Method::POST, path, Some(body))
         .map_err(|e| err(&e))?;
-    let mut req = Request::post(uri)
-        .body(body::full(body))
-        .map_err(|e| err(&e))?;
-    let h = req.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-    h.insert(
-        header::USER_AGENT,
-        HeaderValue::from_static(concat!("kube-cache-proxy/", env!("CARGO_PKG_VERSION"))),
-    );
     let resp = upstream
         .send(req, Credentials::Proxy)
         .await

@@ -21,14 +21,13 @@ use std::time::Duration;
 use bytes::BytesMut;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use http::{HeaderValue, Request, StatusCode, header};
+use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use crate::body;
 use crate::ready::Readiness;
 use crate::upstream::{Credentials, Upstream, error_chain};
 
@@ -400,21 +399,9 @@ async fn get(
     upstream: &Upstream,
     path_and_query: &str,
 ) -> Result<http::Response<Incoming>, ReflectorError> {
-    let pq = path_and_query
-        .parse()
-        .map_err(|e| ReflectorError::Upstream(format!("invalid path: {e}")))?;
-    let uri = upstream
-        .uri(Some(&pq))
+    let req = upstream
+        .own_request(Method::GET, path_and_query, None)
         .map_err(|e| ReflectorError::Upstream(e.to_string()))?;
-    let mut req = Request::get(uri)
-        .body(body::empty())
-        .map_err(|e| ReflectorError::Upstream(e.to_string()))?;
-    req.headers_mut()
-        .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-    req.headers_mut().insert(
-        header::USER_AGENT,
-        HeaderValue::from_static(concat!("kube-cache-proxy/", env!("CARGO_PKG_VERSION"))),
-    );
     let resp = upstream
         .send(req, Credentials::Proxy)
         .await

@@ -29,8 +29,100 @@ pub struct Env {
     pub admin: SocketAddr,
     pub proxy_ca_pem: String,
     pub config: Config,
+    running: Running,
+}
+
+/// The proxy running in this test process through `kube_cache_proxy::run`
+/// on the ports its configuration names (port 0: any free one). Dropping
+/// it stops it.
+pub struct Running {
+    pub url: String,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), RunError>>>,
+}
+
+impl Running {
+    /// Validates `config`, binds its listeners and runs the proxy.
+    pub async fn start(config: &Config) -> Running {
+        config.validate().unwrap();
+        let listeners = Listeners::bind(config).await.unwrap();
+        let addr = listeners.api.local_addr().unwrap();
+        let admin = listeners.admin.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(kube_cache_proxy::run(
+            listeners,
+            config.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Running {
+            url: format!("https://{addr}"),
+            addr,
+            admin,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Stops the proxy (as on SIGTERM) and waits for `run` to return.
+    pub async fn stop(&mut self) -> Result<(), RunError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("proxy did not stop in time")
+                .unwrap(),
+            None => Ok(()),
+        }
+    }
+
+    /// A plain-HTTP GET on the admin port: (status, body).
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.admin).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out[9..12].parse().unwrap();
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, dechunk(&body))
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn ready(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, body) = self.admin_get("/readyz?verbose").await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "proxy not ready: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
 }
 
 /// A fresh temporary directory.
@@ -84,27 +176,15 @@ impl Env {
         let proxy_ca = Ca::new("kube-cache-proxy-test-ca").unwrap();
         let mut config = proxy_config(&sim, &dir, &proxy_ca);
         customize(&mut config);
-        config.validate().unwrap();
-        let listeners = Listeners::bind(&config).await.unwrap();
-        let port = listeners.api.local_addr().unwrap().port();
-        let admin = listeners.admin.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(kube_cache_proxy::run(
-            listeners,
-            config.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let running = Running::start(&config).await;
         Env {
             sim,
             dir,
-            proxy_url: format!("https://127.0.0.1:{port}"),
-            admin,
+            proxy_url: running.url.clone(),
+            admin: running.admin,
             proxy_ca_pem: proxy_ca.cert_pem(),
             config,
-            stop: Some(stop),
-            task: Some(task),
+            running,
         }
     }
 
@@ -140,59 +220,22 @@ impl Env {
 
     /// A plain-HTTP GET on the admin port: (status, body).
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(self.admin).await.unwrap();
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        let status = out[9..12].parse().unwrap();
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, dechunk(&body))
+        self.running.admin_get(path).await
     }
 
     /// Waits until `/readyz` answers 200.
     pub async fn ready(&self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let (status, body) = self.admin_get("/readyz?verbose").await;
-            if status == 200 {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "proxy not ready: {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.running.ready().await;
     }
 
     /// Stops the proxy (as on SIGTERM) and waits for `run` to return.
     pub async fn stop_proxy(&mut self) -> Result<(), RunError> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        match self.task.take() {
-            Some(task) => tokio::time::timeout(Duration::from_secs(10), task)
-                .await
-                .expect("proxy did not stop in time")
-                .unwrap(),
-            None => Ok(()),
-        }
+        self.running.stop().await
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
