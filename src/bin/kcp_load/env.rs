@@ -1,0 +1,377 @@
+//! `--sim`: the simulated kube-apiserver, started in this process on
+//! 127.0.0.1, with the proxy in front of it, either in this process
+//! (`kube_cache_proxy::run`, as the integration tests do) or as a separate
+//! process of the built `kube-cache-proxy` binary (`--proxy-bin`), so its
+//! memory and CPU can be measured on their own.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use kube_cache_proxy::Listeners;
+use kube_cache_proxy::config::{CachedResource, Config};
+use kube_cache_proxy::pki::Ca;
+use kube_cache_proxy::resource::Gvr;
+use kube_cache_proxy::sim::{Sim, SimConfig};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::fixtures;
+
+/// What to start.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// Start the simulated apiserver and the proxy in front of it on
+    /// 127.0.0.1 instead of using --kubeconfig.
+    #[arg(long)]
+    pub sim: bool,
+    /// With --sim: send the load to the simulated apiserver directly, not
+    /// through the proxy (for comparison).
+    #[arg(long, requires = "sim")]
+    pub direct: bool,
+    /// With --sim: run the proxy as a separate process from this binary
+    /// (e.g. target/release/kube-cache-proxy) instead of in this process.
+    #[arg(long, value_name = "PATH", requires = "sim")]
+    pub proxy_bin: Option<PathBuf>,
+    /// With --sim: pods created in the simulated apiserver before the proxy
+    /// starts (about 5 KB each, spread over --sim-nodes nodes and 10
+    /// namespaces).
+    #[arg(long, default_value_t = 0, requires = "sim")]
+    pub sim_pods: usize,
+    /// With --sim: nodes the pods are spread over.
+    #[arg(long, default_value_t = 100, requires = "sim")]
+    pub sim_nodes: usize,
+    /// With --sim: the proxy's per-watcher buffer (cache.watcherBufferEvents).
+    #[arg(long, requires = "sim")]
+    pub watcher_buffer: Option<usize>,
+}
+
+enum Proxy {
+    InProcess {
+        stop: Option<oneshot::Sender<()>>,
+        task: JoinHandle<Result<(), kube_cache_proxy::RunError>>,
+    },
+    Child(Child),
+}
+
+/// The running sim and proxy.
+pub struct SimEnv {
+    pub sim: Sim,
+    pub dir: PathBuf,
+    pub proxy_url: String,
+    pub proxy_ca_pem: String,
+    pub admin: SocketAddr,
+    proxy: Proxy,
+}
+
+fn gvr(group: &str, version: &str, resource: &str) -> Gvr {
+    Gvr {
+        group: group.into(),
+        version: version.into(),
+        resource: resource.into(),
+    }
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(l.local_addr()?.port())
+}
+
+fn create(sim: &Sim, gvr: &Gvr, object: Value) -> Result<()> {
+    match sim.create(gvr, object) {
+        Ok(_) => Ok(()),
+        Err(s) if s.code == 409 => Ok(()),
+        Err(s) => Err(anyhow!("creating a {}: {}", gvr.resource, s.message)),
+    }
+}
+
+/// Pod `i` as a create request body (no resourceVersion or uid).
+pub fn pod_for_create(i: usize, nodes: usize) -> Result<Value> {
+    let ns = format!("ns-{}", i % 10);
+    let text = fixtures::pod(i, &ns, &fixtures::node(i % nodes.max(1)), 1);
+    let mut v: Value = serde_json::from_str(&text)?;
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+        m.remove("uid");
+    }
+    Ok(v)
+}
+
+impl SimEnv {
+    /// Starts the sim (with `args.sim_pods` pods) and the proxy, and waits
+    /// until the proxy is ready.
+    pub async fn start(args: &SimArgs) -> Result<SimEnv> {
+        let sim = Sim::start(SimConfig {
+            history_limit: 100_000,
+            ..SimConfig::default()
+        })
+        .await
+        .context("starting the simulated apiserver")?;
+        for ns in (0..10).map(|i| format!("ns-{i}")).chain(["default".into()]) {
+            create(
+                &sim,
+                &gvr("", "v1", "namespaces"),
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            )?;
+        }
+        for i in 0..args.sim_pods {
+            create(
+                &sim,
+                &gvr("", "v1", "pods"),
+                pod_for_create(i, args.sim_nodes)?,
+            )?;
+        }
+        let dir = std::env::temp_dir().join(format!("kcp-load-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir)?;
+        let write = |name: &str, text: &str| -> Result<PathBuf> {
+            let p = dir.join(name);
+            std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+            Ok(p)
+        };
+        let proxy_ca = Ca::new("kcp-load-proxy-ca")?;
+        let serving = proxy_ca.issue_server(&["localhost"], &[Ipv4Addr::LOCALHOST.into()])?;
+        let cert = write("tls.crt", &serving.cert_pem)?;
+        let key = write("tls.key", &serving.key_pem)?;
+        let client_ca = write("client-ca.crt", &sim.ca_pem())?;
+        let upstream = write(
+            "upstream.kubeconfig",
+            &sim.kubeconfig(&SimConfig::default().proxy_user, None),
+        )?;
+        let buffer = args.watcher_buffer;
+
+        let (proxy, proxy_url, admin) = match &args.proxy_bin {
+            None => {
+                let mut config = Config {
+                    listen: "127.0.0.1:0".into(),
+                    admin_listen: "127.0.0.1:0".into(),
+                    shutdown_grace_period_seconds: 1,
+                    ..Config::default()
+                };
+                config.tls.cert_file = Some(cert);
+                config.tls.private_key_file = Some(key);
+                config.tls.client_ca_file = Some(client_ca);
+                config.upstream.kubeconfig = Some(upstream);
+                config.cache.resources.push(CachedResource {
+                    version: "v1".into(),
+                    resource: "configmaps".into(),
+                    ..CachedResource::default()
+                });
+                config.cache.ready_wait_milliseconds = 30_000;
+                if let Some(b) = buffer {
+                    config.cache.watcher_buffer_events = b;
+                }
+                config.validate()?;
+                let listeners = Listeners::bind(&config).await?;
+                let port = listeners.api.local_addr()?.port();
+                let admin = listeners.admin.local_addr()?;
+                let (stop, stopped) = oneshot::channel::<()>();
+                let task = tokio::spawn(kube_cache_proxy::run(listeners, config, async move {
+                    let _ = stopped.await;
+                }));
+                println!("proxy: in this process, https://127.0.0.1:{port}");
+                (
+                    Proxy::InProcess {
+                        stop: Some(stop),
+                        task,
+                    },
+                    format!("https://127.0.0.1:{port}"),
+                    admin,
+                )
+            }
+            Some(bin) => {
+                let port = free_port()?;
+                let admin_port = free_port()?;
+                let config = write(
+                    "kube-cache-proxy.yaml",
+                    &proxy_yaml(&cert, &key, &client_ca, &upstream, buffer),
+                )?;
+                let log = std::fs::File::create(dir.join("proxy.log"))?;
+                let args = [
+                    "--config".to_string(),
+                    config.display().to_string(),
+                    "--listen".into(),
+                    format!("127.0.0.1:{port}"),
+                    "--admin-listen".into(),
+                    format!("127.0.0.1:{admin_port}"),
+                ];
+                println!("proxy: {} {}", bin.display(), args.join(" "));
+                let child = Command::new(bin)
+                    .args(&args)
+                    .env("RUST_LOG", "warn")
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .spawn()
+                    .with_context(|| format!("starting {}", bin.display()))?;
+                println!(
+                    "proxy: pid {}, log {}",
+                    child.id(),
+                    dir.join("proxy.log").display()
+                );
+                (
+                    Proxy::Child(child),
+                    format!("https://127.0.0.1:{port}"),
+                    SocketAddr::from((Ipv4Addr::LOCALHOST, admin_port)),
+                )
+            }
+        };
+        let env = SimEnv {
+            sim,
+            dir,
+            proxy_url,
+            proxy_ca_pem: proxy_ca.cert_pem(),
+            admin,
+            proxy,
+        };
+        println!("sim: {} ({} pods)", env.sim.url(), args.sim_pods);
+        env.ready(Duration::from_secs(120)).await?;
+        Ok(env)
+    }
+
+    /// The proxy process id (this process when in-process).
+    pub fn proxy_pid(&self) -> u32 {
+        match &self.proxy {
+            Proxy::InProcess { .. } => std::process::id(),
+            Proxy::Child(c) => c.id(),
+        }
+    }
+
+    /// Whether the proxy runs in its own process.
+    pub fn proxy_is_separate(&self) -> bool {
+        matches!(self.proxy, Proxy::Child(_))
+    }
+
+    /// Writes a kubeconfig for `admin` (system:masters) pointing at the
+    /// proxy, or at the sim when `direct`.
+    pub fn kubeconfig(&self, direct: bool) -> Result<PathBuf> {
+        let issued = self.sim.issue_client("admin", Some("system:masters"));
+        let (name, text) = if direct {
+            (
+                "direct.kubeconfig",
+                self.sim.kubeconfig("admin", Some("system:masters")),
+            )
+        } else {
+            (
+                "proxy.kubeconfig",
+                kube_cache_proxy::kubeconfig::with_certificate(
+                    &self.proxy_url,
+                    &self.proxy_ca_pem,
+                    "admin",
+                    &issued.cert_pem,
+                    &issued.key_pem,
+                ),
+            )
+        };
+        let p = self.dir.join(name);
+        std::fs::write(&p, text)?;
+        Ok(p)
+    }
+
+    async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        let mut s = tokio::net::TcpStream::connect(self.admin).await?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        let status = out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+        Ok((status, out))
+    }
+
+    /// Waits until `/readyz` answers 200 (every cache has its first list).
+    async fn ready(&self, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last;
+        loop {
+            match self.admin_get("/readyz?verbose").await {
+                Ok((200, _)) => return Ok(()),
+                Ok((_, body)) => last = body,
+                Err(e) => last = e.to_string(),
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("the proxy is not ready after {timeout:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the proxy and removes the files.
+    pub async fn stop(mut self) {
+        match &mut self.proxy {
+            Proxy::InProcess { stop, task } => {
+                if let Some(stop) = stop.take() {
+                    let _ = stop.send(());
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+            }
+            Proxy::Child(child) => {
+                // SIGTERM first, for a graceful exit (and complete profiles
+                // when the proxy runs under a profiler).
+                let _ = Command::new("kill")
+                    .args(["-TERM", &child.id().to_string()])
+                    .status();
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while std::time::Instant::now() < deadline {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for SimEnv {
+    fn drop(&mut self) {
+        if let Proxy::Child(child) = &mut self.proxy {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The separate proxy's configuration: the default caches plus configmaps.
+fn proxy_yaml(
+    cert: &Path,
+    key: &Path,
+    client_ca: &Path,
+    upstream: &Path,
+    buffer: Option<usize>,
+) -> String {
+    let mut resources = String::new();
+    for (g, r) in [
+        ("", "pods"),
+        ("", "nodes"),
+        ("", "services"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("", "namespaces"),
+        ("node.k8s.io", "runtimeclasses"),
+        ("storage.k8s.io", "csidrivers"),
+        ("storage.k8s.io", "csinodes"),
+        ("", "configmaps"),
+    ] {
+        resources.push_str(&format!(
+            "    - {{group: \"{g}\", version: v1, resource: {r}}}\n"
+        ));
+    }
+    let buffer = buffer
+        .map(|b| format!("  watcherBufferEvents: {b}\n"))
+        .unwrap_or_default();
+    format!(
+        "shutdownGracePeriodSeconds: 1\ntls:\n  certFile: {}\n  privateKeyFile: {}\n  clientCAFile: {}\nupstream:\n  kubeconfig: {}\ncache:\n  readyWaitMilliseconds: 30000\n{buffer}  resources:\n{resources}",
+        cert.display(),
+        key.display(),
+        client_ca.display(),
+        upstream.display(),
+    )
+}
