@@ -48,7 +48,7 @@ fn bench(c: &mut Criterion) {
         });
         let sel = LabelSelector::parse(text).unwrap();
         g.bench_function(BenchmarkId::new("label_match", name), |b| {
-            b.iter(|| black_box(&sel).matches(pod.labels()))
+            b.iter(|| black_box(&sel).matches(&pod.labels()))
         });
     }
     for (name, text) in FIELDS {
@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
             .convert(&FieldSelector::parse(text).unwrap())
             .unwrap();
         g.bench_function(BenchmarkId::new("field_match", name), |b| {
-            b.iter(|| black_box(&sel).matches(pod.fields()))
+            b.iter(|| black_box(&sel).matches(&pod.fields()))
         });
     }
     let filter = Filter {

@@ -126,7 +126,11 @@ pub async fn serve(
                 let svc = service_fn(move |req| {
                     let handler = handler.clone();
                     let conn = conn.clone();
-                    async move { Ok::<_, Infallible>(handler.handle(req, &conn).await) }
+                    // Boxed: hyper keeps each HTTP/2 stream's future inline
+                    // in the stream's task for the stream's whole life, so
+                    // an unboxed handler (kilobytes of state) would stay
+                    // allocated under every idle watch after it returned.
+                    Box::pin(async move { Ok::<_, Infallible>(handler.handle(req, &conn).await) })
                 });
                 let mut builder = auto::Builder::new(TokioExecutor::new());
                 builder

@@ -92,6 +92,31 @@ proptest! {
         }
     }
 
+    /// Labels are read from the object's bytes: the same as a JSON decoder
+    /// sees, escapes, duplicates (the last wins) and all.
+    #[test]
+    fn labels_read_from_bytes_match_a_decoder(
+        labels in proptest::collection::vec(("[a-z/\\\\]{1,4}", "[a-z./\\\\]{0,4}"), 0..5),
+        escape_slash in any::<bool>(),
+    ) {
+        let esc = |s: &str| {
+            let j = serde_json::to_string(s).unwrap();
+            if escape_slash { j.replace('/', "\\/") } else { j }
+        };
+        let body: Vec<String> = labels.iter().map(|(k, v)| format!("{}:{}", esc(k), esc(v))).collect();
+        let json = format!(
+            r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"name":"c","namespace":"n","resourceVersion":"1","labels":{{{}}}}}}}"#,
+            body.join(",")
+        );
+        let o = CachedObject::from_json(json.as_bytes(), FieldSet::Default, true).unwrap();
+        let decoded: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let decoded = decoded["metadata"]["labels"].as_object().unwrap();
+        for (k, v) in decoded {
+            prop_assert_eq!(o.labels().get(k), v.as_str());
+        }
+        prop_assert_eq!(o.labels().get("absent-key"), None);
+    }
+
     #[test]
     fn config_files_never_panic(s in prop_oneof![
         any::<String>(),

@@ -17,6 +17,17 @@ fuzz_target!(|data: &[u8]| {
             let again = CachedObject::from_json(&restamped, fs, true).expect("a restamped object parses");
             assert_eq!(again.rv, o.rv + 1);
             assert_eq!(again.key(), o.key());
+            // The labels read from the bytes are the labels a JSON decoder
+            // sees (the last of duplicate keys).
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data)
+                && let Some(labels) = v["metadata"]["labels"].as_object()
+            {
+                for (k, val) in labels {
+                    if let Some(val) = val.as_str() {
+                        assert_eq!(o.labels().get(k), Some(val), "label {k}");
+                    }
+                }
+            }
         }
         let _ = CachedObject::from_list_item(data, "Pod", "v1", fs, true);
     }

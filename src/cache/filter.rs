@@ -41,7 +41,7 @@ impl Filter {
         {
             return false;
         }
-        self.labels.matches(o.labels()) && self.fields.matches(o.fields())
+        self.labels.matches(&o.labels()) && self.fields.matches(&o.fields())
     }
 
     /// Whether the selection is everything in its scope (no selectors), so

@@ -36,10 +36,59 @@ pub enum IngestError {
     Name,
 }
 
-/// Labels, sorted by key.
-pub type Labels = Box<[(Box<str>, Box<str>)]>;
-/// Selectable fields (`metadata.name`, `spec.nodeName`...).
-pub type Fields = Box<[(&'static str, Box<str>)]>;
+/// Selectable fields beyond `metadata.name` and `metadata.namespace`
+/// (which the key holds): `spec.nodeName`, `status.phase`...
+type ExtraFields = Box<[(&'static str, Box<str>)]>;
+
+/// Where the labels are: byte ranges of each key and value in the object's
+/// JSON (one small allocation, none without labels), or, in the rare case
+/// a label needed JSON unescaping, owned strings.
+#[derive(Debug)]
+enum LabelStore {
+    Spans(Box<[[u32; 4]]>),
+    Owned(Box<[(Box<str>, Box<str>)]>),
+}
+
+/// An object's labels, for label selectors.
+#[derive(Debug, Clone, Copy)]
+pub struct Labels<'a> {
+    json: &'a [u8],
+    store: &'a LabelStore,
+}
+
+impl<'a> Labels<'a> {
+    /// The value of label `key`.
+    pub fn get(&self, key: &str) -> Option<&'a str> {
+        let json = self.json;
+        let at = |s: u32, e: u32| json.get(s as usize..e as usize);
+        match self.store {
+            LabelStore::Spans(spans) => spans.iter().find_map(|&[ks, ke, vs, ve]| {
+                (at(ks, ke)? == key.as_bytes())
+                    .then(|| std::str::from_utf8(at(vs, ve)?).ok())
+                    .flatten()
+            }),
+            LabelStore::Owned(pairs) => Pairs::get(&**pairs, key),
+        }
+    }
+}
+
+impl Pairs for Labels<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        Labels::get(self, key)
+    }
+}
+
+/// An object's selectable fields, for field selectors.
+#[derive(Debug, Clone, Copy)]
+pub struct Fields<'a> {
+    object: &'a CachedObject,
+}
+
+impl Pairs for Fields<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.object.field(key)
+    }
+}
 
 /// An object as cached.
 #[derive(Debug)]
@@ -58,8 +107,10 @@ pub struct CachedObject {
     item_offset: u32,
     /// Byte range of the `metadata.resourceVersion` string's contents.
     rv_span: (u32, u32),
-    labels: Labels,
-    fields: Fields,
+    /// Whether `metadata.namespace` is a selectable field.
+    namespaced: bool,
+    labels: LabelStore,
+    fields: ExtraFields,
 }
 
 #[derive(Deserialize)]
@@ -76,9 +127,14 @@ struct Meta<'a> {
     namespace: Cow<'a, str>,
     #[serde(rename = "resourceVersion", borrow)]
     resource_version: Option<&'a RawValue>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
+    #[serde(default, borrow)]
+    labels: Option<BTreeMap<Str<'a>, Str<'a>>>,
 }
+
+/// A JSON string borrowed from the input when it has no escapes (serde
+/// borrows a `Cow` only as a field marked `borrow`, not inside a map).
+#[derive(Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct Str<'a>(#[serde(borrow)] Cow<'a, str>);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -132,25 +188,17 @@ impl CachedObject {
             .and_then(|m| item_offset(&json, m))
             .unwrap_or(0) as u32;
 
-        let labels: Labels = meta
-            .labels
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
-            .collect();
-        let fields: Fields = if field_set.needs_body() {
+        let labels = label_store(&json, meta.labels.unwrap_or_default());
+        let fields: ExtraFields = if field_set.needs_body() {
             let value: serde_json::Value = serde_json::from_slice(&json)?;
             field_set
                 .extract(&value, namespaced)
                 .into_iter()
+                .filter(|(k, _)| !matches!(*k, "metadata.name" | "metadata.namespace"))
                 .map(|(k, v)| (k, v.into_boxed_str()))
                 .collect()
         } else {
-            let mut f = vec![("metadata.name", Box::from(&*meta.name))];
-            if namespaced {
-                f.push(("metadata.namespace", Box::from(&*meta.namespace)));
-            }
-            f.into_boxed_slice()
+            Box::default()
         };
         let (key, ns_len): (Arc<str>, u32) = if meta.namespace.is_empty() {
             (Arc::from(&*meta.name), 0)
@@ -167,6 +215,7 @@ impl CachedObject {
             json,
             item_offset,
             rv_span,
+            namespaced,
             labels,
             fields,
         })
@@ -261,31 +310,64 @@ impl CachedObject {
         out.freeze()
     }
 
-    /// Labels, sorted by key.
-    pub fn labels(&self) -> &[(Box<str>, Box<str>)] {
-        &self.labels
+    /// The labels.
+    pub fn labels(&self) -> Labels<'_> {
+        Labels {
+            json: &self.json,
+            store: &self.labels,
+        }
     }
 
-    /// Selectable fields.
-    pub fn fields(&self) -> &[(&'static str, Box<str>)] {
-        &self.fields
+    /// The selectable fields.
+    pub fn fields(&self) -> Fields<'_> {
+        Fields { object: self }
     }
 
     /// The value of a selectable field.
     pub fn field(&self, name: &str) -> Option<&str> {
-        Pairs::get(&*self.fields, name)
+        match name {
+            "metadata.name" => Some(self.name()),
+            "metadata.namespace" if self.namespaced => Some(self.namespace()),
+            _ => Pairs::get(&*self.fields, name),
+        }
     }
 
     /// Bytes held by this object, for the `bytes` metric and memory
     /// accounting: its JSON plus the extracted strings and bookkeeping.
     pub fn heap_size(&self) -> usize {
-        let strings: usize = self
-            .labels
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + 32)
-            .sum::<usize>()
-            + self.fields.iter().map(|(_, v)| v.len() + 32).sum::<usize>();
-        std::mem::size_of::<CachedObject>() + self.json.len() + self.key.len() + strings
+        let labels = match &self.labels {
+            LabelStore::Spans(spans) => std::mem::size_of_val(&**spans),
+            LabelStore::Owned(pairs) => pairs.iter().map(|(k, v)| k.len() + v.len() + 32).sum(),
+        };
+        let fields: usize = self.fields.iter().map(|(_, v)| v.len() + 32).sum();
+        std::mem::size_of::<CachedObject>() + self.json.len() + self.key.len() + labels + fields
+    }
+}
+
+/// The labels as byte ranges into `json`, which they borrow from; owned
+/// when any needed unescaping (a label key or value cannot contain a
+/// character JSON must escape, but an encoder may escape others).
+fn label_store(json: &[u8], labels: BTreeMap<Str<'_>, Str<'_>>) -> LabelStore {
+    let span = |s: &Str<'_>| match &s.0 {
+        Cow::Borrowed(b) => offset_in(json, b).map(|at| (at as u32, (at + b.len()) as u32)),
+        Cow::Owned(_) => None,
+    };
+    let spans: Option<Box<[[u32; 4]]>> = labels
+        .iter()
+        .map(|(k, v)| {
+            let (ks, ke) = span(k)?;
+            let (vs, ve) = span(v)?;
+            Some([ks, ke, vs, ve])
+        })
+        .collect();
+    match spans {
+        Some(spans) => LabelStore::Spans(spans),
+        None => LabelStore::Owned(
+            labels
+                .into_iter()
+                .map(|(k, v)| (Box::from(&*k.0), Box::from(&*v.0)))
+                .collect(),
+        ),
     }
 }
 
@@ -319,8 +401,11 @@ mod tests {
             (o.key(), o.namespace(), o.name(), o.rv),
             ("ns/cm-0", "ns", "cm-0", 326)
         );
-        assert_eq!(Pairs::get(o.labels(), "app"), Some("a"));
+        assert_eq!(o.labels().get("app"), Some("a"));
+        assert_eq!(o.labels().get("ap"), None);
         assert_eq!(o.field("metadata.namespace"), Some("ns"));
+        assert_eq!(o.field("metadata.name"), Some("cm-0"));
+        assert_eq!(o.field("spec.nodeName"), None);
         let mut item = BytesMut::new();
         o.write_item(&mut item, true);
         assert_eq!(
@@ -394,6 +479,25 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn labels_with_escapes_are_unescaped() {
+        let cm = r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c","namespace":"ns","resourceVersion":"1","labels":{"a\/b":"x","app":"w\u0065b","z":""}}}"#;
+        let o = CachedObject::from_json(cm.as_bytes(), FieldSet::Default, true).unwrap();
+        assert_eq!(o.labels().get("a/b"), Some("x"));
+        assert_eq!(o.labels().get("app"), Some("web"));
+        assert_eq!(o.labels().get("z"), Some(""));
+        assert_eq!(o.labels().get("a\\/b"), None);
+        let plain = CachedObject::from_json(CM.as_bytes(), FieldSet::Default, true).unwrap();
+        assert!(matches!(plain.labels, LabelStore::Spans(_)));
+        assert!(matches!(o.labels, LabelStore::Owned(_)));
+        // Cluster-scoped: no namespace field.
+        let node =
+            r#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"n","resourceVersion":"1"}}"#;
+        let o = CachedObject::from_json(node.as_bytes(), FieldSet::Node, false).unwrap();
+        assert_eq!(o.field("metadata.namespace"), None);
+        assert_eq!(o.field("metadata.name"), Some("n"));
     }
 
     #[test]
