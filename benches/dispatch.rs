@@ -35,6 +35,7 @@ const NAMESPACE: &str = "default";
 fn settings() -> Settings {
     Settings {
         history_capacity: 1000,
+        history_max_age: std::time::Duration::from_secs(300),
         watcher_buffer: 100,
         blocked_budget: Duration::from_secs(10),
         node_indexed: true,

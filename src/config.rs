@@ -179,6 +179,10 @@ pub struct CacheConfig {
     /// (older ones get `410 Expired` and relist). Default 10000: several
     /// minutes of a busy cluster's changes to one resource.
     pub history_capacity: usize,
+    /// Events older than this many seconds leave the history even below
+    /// `historyCapacity`, bounding the old object versions it keeps.
+    /// Default 150, twice what kube-apiserver's watch cache keeps (75 s).
+    pub history_max_age_seconds: u64,
     /// Events buffered per watcher before it is marked lagging and catches
     /// up from the history on its own. Default 100.
     pub watcher_buffer_events: usize,
@@ -261,6 +265,7 @@ impl Default for CacheConfig {
                 CachedResource::new("storage.k8s.io", "v1", "csinodes"),
             ],
             history_capacity: 10_000,
+            history_max_age_seconds: 150,
             watcher_buffer_events: 100,
             slow_watcher_timeout_seconds: 10,
             bookmark_interval_seconds: 60,
@@ -278,6 +283,12 @@ impl CacheConfig {
         if self.history_capacity == 0 {
             return Err(ConfigError::invalid(
                 "cache.historyCapacity",
+                "must be at least 1",
+            ));
+        }
+        if self.history_max_age_seconds == 0 {
+            return Err(ConfigError::invalid(
+                "cache.historyMaxAgeSeconds",
                 "must be at least 1",
             ));
         }

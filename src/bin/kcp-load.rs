@@ -1184,6 +1184,7 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
     };
     let mut state = State::new(Settings {
         history_capacity: 1,
+        history_max_age: Duration::from_secs(300),
         watcher_buffer: 100,
         blocked_budget: Duration::from_secs(10),
         node_indexed: a.kind == ObjectKind::Pod,
@@ -1201,6 +1202,7 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
     {
         let mut warm = State::new(Settings {
             history_capacity: 1,
+            history_max_age: Duration::from_secs(300),
             watcher_buffer: 1,
             blocked_budget: Duration::from_secs(1),
             node_indexed: false,

@@ -97,6 +97,7 @@ impl Caches {
             };
             let store = Settings {
                 history_capacity: r.history_capacity.unwrap_or(config.history_capacity),
+                history_max_age: Duration::from_secs(config.history_max_age_seconds),
                 watcher_buffer: config.watcher_buffer_events,
                 blocked_budget: Duration::from_secs(config.slow_watcher_timeout_seconds),
                 node_indexed: field_set == FieldSet::Pod,

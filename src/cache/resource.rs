@@ -349,6 +349,7 @@ pub(crate) mod tests {
             },
             Settings {
                 history_capacity: 100,
+                history_max_age: Duration::from_secs(300),
                 watcher_buffer: 10,
                 blocked_budget: Duration::from_secs(10),
                 node_indexed: false,

@@ -38,6 +38,8 @@ pub type Objects = OrdMap<Arc<str>, Arc<CachedObject>>;
 pub struct Settings {
     /// Events kept for watches that resume from an older RV.
     pub history_capacity: usize,
+    /// Events older than this leave the history even below capacity.
+    pub history_max_age: Duration,
     /// Events buffered per watcher before it is marked lagging.
     pub watcher_buffer: usize,
     /// How long a watcher may stay blocked (lagging without catching up)
@@ -205,6 +207,8 @@ pub struct State {
     objects: Objects,
     rv: u64,
     history: VecDeque<Arc<Event>>,
+    /// When each history event was applied (same length as `history`).
+    history_at: VecDeque<Instant>,
     /// Every event with an RV above this is in the history.
     floor: u64,
     synced: bool,
@@ -234,6 +238,7 @@ impl State {
             objects: Objects::new(),
             rv: 0,
             history: VecDeque::new(),
+            history_at: VecDeque::new(),
             floor: 0,
             synced: false,
             bytes: 0,
@@ -335,10 +340,19 @@ impl State {
         self.rv = event.rv;
         self.dispatch(&event, now, &mut outcome);
         self.history.push_back(event);
-        while self.history.len() > self.settings.history_capacity.max(1) {
+        self.history_at.push_back(now);
+        // Bounded by count, and by age as the apiserver's watch cache is
+        // (it keeps about `eventFreshDuration`, 75 s, of events): old
+        // versions of big objects (nodes) would otherwise stay in memory
+        // for hours in a quiet cluster.
+        let too_old = now.checked_sub(self.settings.history_max_age);
+        while self.history.len() > self.settings.history_capacity.max(1)
+            || too_old.is_some_and(|t| self.history_at.front().is_some_and(|at| *at < t))
+        {
             let Some(old) = self.history.pop_front() else {
                 break;
             };
+            self.history_at.pop_front();
             self.floor = old.rv;
             if self.watchers.lagging > 0 {
                 self.close_overrun(&mut outcome);
@@ -483,6 +497,7 @@ impl State {
                 self.bytes = fresh.values().map(|o| o.heap_size()).sum();
                 self.objects = fresh;
                 self.history.clear();
+                self.history_at.clear();
                 self.rv = list_rv;
                 self.floor = list_rv;
                 outcome
@@ -712,6 +727,7 @@ mod tests {
     fn settings(cap: usize, buffer: usize) -> Settings {
         Settings {
             history_capacity: cap,
+            history_max_age: Duration::from_secs(300),
             watcher_buffer: buffer,
             blocked_budget: Duration::from_secs(10),
             node_indexed: true,
@@ -925,6 +941,36 @@ mod tests {
         }
         assert!(r.link.is_closed());
         assert!(matches!(s.catch_up(r.id, 10, now), CatchUp::Closed));
+    }
+
+    #[test]
+    fn history_is_bounded_by_age() {
+        let mut s = synced(100, 10);
+        let t0 = Instant::now();
+        s.apply(EventType::Modified, pod("a", 11, "n1", "x"), t0);
+        s.apply(
+            EventType::Modified,
+            pod("a", 12, "n1", "x"),
+            t0 + Duration::from_secs(200),
+        );
+        assert_eq!(s.history_len(), 2);
+        assert!(s.register(all(), Start::After(10)).is_ok());
+        // 301 s after the first: it leaves; the second (101 s old) stays.
+        s.apply(
+            EventType::Modified,
+            pod("a", 13, "n1", "x"),
+            t0 + Duration::from_secs(301),
+        );
+        assert_eq!(s.history_len(), 2);
+        assert_eq!(
+            s.register(all(), Start::After(10)).unwrap_err(),
+            TooOld {
+                requested: 10,
+                floor: 11
+            }
+        );
+        let r = s.register(all(), Start::After(11)).unwrap();
+        assert_eq!(r.replay.iter().map(|e| e.rv).collect::<Vec<_>>(), [12, 13]);
     }
 
     #[test]
