@@ -79,6 +79,9 @@ enum Cmd {
     Idle(IdleArgs),
     /// Objects ingested into a cache State: memory per object.
     Ingest(IngestArgs),
+    /// Cached reads by new identities: latency with a cold and a warm
+    /// authorization decision (--sim only).
+    Authz(AuthzArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -192,6 +195,25 @@ struct GetArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+struct AuthzArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Identities (client certificates in system:masters), each on its own
+    /// connection: its first request finds no cached decision.
+    #[arg(long, default_value_t = 300)]
+    identities: usize,
+    /// Further requests per identity, with the decision cached.
+    #[arg(long, default_value_t = 5)]
+    warm: usize,
+    /// The cached read.
+    #[arg(
+        long,
+        default_value = "/api/v1/namespaces/default/configmaps?resourceVersion=0"
+    )]
+    path: String,
+}
+
+#[derive(Debug, Clone, Args)]
 struct IdleArgs {
     #[command(flatten)]
     target: TargetArgs,
@@ -225,8 +247,14 @@ struct IdleArgs {
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum ObjectKind {
+    /// A scheduled pod (about 5 KB).
     Pod,
+    /// A small config map (about 260 B).
     Configmap,
+    /// A worker node reporting 20 images (about 7.5 KB).
+    Node,
+    /// A service's endpoint slice with 3 endpoints (about 1.6 KB).
+    Endpointslice,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -271,6 +299,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Get(a)), _) => get(&a).await,
             (Some(Cmd::Idle(a)), _) => idle(&a).await.map(|_| ()),
             (Some(Cmd::Ingest(a)), _) => ingest(&a).map(|_| ()),
+            (Some(Cmd::Authz(a)), _) => authz(&a).await.map(|_| ()),
             (None, false) => Err(anyhow!(
                 "a subcommand or --self-test is required (see --help)"
             )),
@@ -1039,6 +1068,131 @@ async fn get_run(
     Ok(Summary::of(&mut lat))
 }
 
+// --- authz ---
+
+/// What `authz` measured, in microseconds.
+#[derive(Debug)]
+struct AuthzReport {
+    cold: Summary,
+    warm: Summary,
+    /// Mean decision time from the proxy's
+    /// `kube_cache_proxy_authorization_duration_seconds`, by source.
+    decision_cache_us: f64,
+    decision_upstream_us: f64,
+}
+
+async fn authz(a: &AuthzArgs) -> Result<AuthzReport> {
+    if !a.target.sim.sim || a.target.sim.direct {
+        bail!("authz needs --sim (it mints client certificates) and the proxy as target");
+    }
+    let env = SimEnv::start(&a.target.sim).await?;
+    let result = authz_on(&env, a).await;
+    env.stop().await;
+    result
+}
+
+async fn authz_on(env: &SimEnv, a: &AuthzArgs) -> Result<AuthzReport> {
+    let proto = a.target.proto;
+    let before = decision_times(env).await?;
+    let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    for i in 0..a.identities {
+        let user = format!("kcp-load-user-{i}");
+        let issued = env.sim.issue_client(&user, Some("system:masters"));
+        let file = env.dir.join("authz.kubeconfig");
+        std::fs::write(
+            &file,
+            kube_cache_proxy::kubeconfig::with_certificate(
+                &env.proxy_url,
+                &env.proxy_ca_pem,
+                &user,
+                &issued.cert_pem,
+                &issued.key_pem,
+            ),
+        )?;
+        let target = Target::from_kubeconfig(Some(&file), None).await?;
+        let mut conn = target.connect(proto).await?;
+        for n in 0..=a.warm {
+            let start = Instant::now();
+            let r = target.fetch(&mut conn, Method::GET, &a.path, None).await?;
+            let took = micros(start.elapsed());
+            if r.status != StatusCode::OK {
+                bail!(
+                    "GET {} as {user}: {} {}",
+                    a.path,
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                );
+            }
+            if n == 0 {
+                cold.push(took)
+            } else {
+                warm.push(took)
+            }
+        }
+    }
+    let after = decision_times(env).await?;
+    let mean = |source: &str| -> f64 {
+        let (sum, count) = (
+            after[source].0 - before[source].0,
+            after[source].1 - before[source].1,
+        );
+        if count > 0.0 {
+            sum / count * 1e6
+        } else {
+            f64::NAN
+        }
+    };
+    let report = AuthzReport {
+        cold: Summary::of(&mut cold),
+        warm: Summary::of(&mut warm),
+        decision_cache_us: mean("cache"),
+        decision_upstream_us: mean("upstream"),
+    };
+    println!(
+        "authz: GET {} as {} new identities, each on its own connection",
+        a.path, a.identities
+    );
+    println!(
+        "authz: cold (first request, SubjectAccessReview upstream): {}",
+        report.cold
+    );
+    println!(
+        "authz: warm (the next {} requests, decision cached): {}",
+        a.warm, report.warm
+    );
+    println!(
+        "authz: added by a cold decision: p50 {:+.3}ms p99 {:+.3}ms",
+        (report.cold.p50 as f64 - report.warm.p50 as f64) / 1000.0,
+        (report.cold.p99 as f64 - report.warm.p99 as f64) / 1000.0
+    );
+    println!(
+        "authz: decision time in the proxy (mean, its histogram): cached {:.1}us, upstream {:.1}us",
+        report.decision_cache_us, report.decision_upstream_us
+    );
+    Ok(report)
+}
+
+/// (sum in seconds, count) of the proxy's authorization decisions by
+/// source (`cache`, `upstream`), from its metrics.
+async fn decision_times(
+    env: &SimEnv,
+) -> Result<std::collections::HashMap<&'static str, (f64, f64)>> {
+    let (_, metrics) = env.admin_get("/metrics").await?;
+    let value = |suffix: &str, source: &str| -> f64 {
+        let prefix = format!("kube_cache_proxy_authorization_duration_seconds_{suffix}{{");
+        let label = format!("source=\"{source}\"");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(&prefix) && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    Ok(["cache", "upstream"]
+        .into_iter()
+        .map(|source| (source, (value("sum", source), value("count", source))))
+        .collect())
+}
+
 // --- idle ---
 
 /// Per-watcher memory measured by `idle`.
@@ -1178,9 +1332,11 @@ struct IngestReport {
 }
 
 fn ingest(a: &IngestArgs) -> Result<IngestReport> {
-    let (field_set, what) = match a.kind {
-        ObjectKind::Pod => (FieldSet::Pod, "pods"),
-        ObjectKind::Configmap => (FieldSet::Default, "configmaps"),
+    let (field_set, what, namespaced) = match a.kind {
+        ObjectKind::Pod => (FieldSet::Pod, "pods", true),
+        ObjectKind::Configmap => (FieldSet::Default, "configmaps", true),
+        ObjectKind::Node => (FieldSet::Node, "nodes", false),
+        ObjectKind::Endpointslice => (FieldSet::Default, "endpointslices", true),
     };
     let mut state = State::new(Settings {
         history_capacity: 1,
@@ -1188,14 +1344,17 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
         watcher_buffer: 100,
         blocked_budget: Duration::from_secs(10),
         node_indexed: a.kind == ObjectKind::Pod,
-        namespaced: true,
+        namespaced,
         field_set,
     });
     let json = |i: usize| -> String {
         let ns = format!("ns-{}", i % 10);
+        let rv = i as u64 + 2;
         match a.kind {
-            ObjectKind::Pod => fixtures::pod(i, &ns, &fixtures::node(i % 100), i as u64 + 2),
-            ObjectKind::Configmap => fixtures::config_map(i, &ns, i as u64 + 2),
+            ObjectKind::Pod => fixtures::pod(i, &ns, &fixtures::node(i % 100), rv),
+            ObjectKind::Configmap => fixtures::config_map(i, &ns, rv),
+            ObjectKind::Node => fixtures::node_object(i, 20, rv),
+            ObjectKind::Endpointslice => fixtures::endpoint_slice(i, &ns, 3, rv),
         }
     };
     // Warm the allocator and the code paths with a throwaway state.
@@ -1206,12 +1365,12 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
             watcher_buffer: 1,
             blocked_budget: Duration::from_secs(1),
             node_indexed: false,
-            namespaced: true,
+            namespaced,
             field_set,
         });
         warm.replace(Vec::new(), 1, Instant::now());
         for i in 0..100 {
-            let o = CachedObject::from_json(json(i).as_bytes(), field_set, true)?;
+            let o = CachedObject::from_json(json(i).as_bytes(), field_set, namespaced)?;
             warm.apply(EventType::Added, o, Instant::now());
         }
     }
@@ -1224,7 +1383,7 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
             for i in 0..a.objects {
                 let text = json(i);
                 json_bytes += text.len() as u64;
-                let o = CachedObject::from_json(text.as_bytes(), field_set, true)?;
+                let o = CachedObject::from_json(text.as_bytes(), field_set, namespaced)?;
                 state.apply(EventType::Added, o, Instant::now());
             }
         }
@@ -1233,7 +1392,11 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
             for i in 0..a.objects {
                 let text = json(i);
                 json_bytes += text.len() as u64;
-                items.push(CachedObject::from_json(text.as_bytes(), field_set, true)?);
+                items.push(CachedObject::from_json(
+                    text.as_bytes(),
+                    field_set,
+                    namespaced,
+                )?);
             }
             state.replace(items, a.objects as u64 + 2, Instant::now());
         }
@@ -1362,6 +1525,21 @@ async fn self_test() -> Result<()> {
     );
     if idle.errors > 0 {
         failures.push(format!("idle: {idle:?}"));
+    }
+
+    println!("=== authz: 20 identities");
+    let z = authz_on(
+        &env,
+        &AuthzArgs {
+            target: target_args.clone(),
+            identities: 20,
+            warm: 3,
+            path: "/api/v1/namespaces/default/configmaps?resourceVersion=0".into(),
+        },
+    )
+    .await?;
+    if z.decision_cache_us.is_nan() || z.decision_upstream_us.is_nan() {
+        failures.push(format!("authz: a decision source was never seen: {z:?}"));
     }
     env.stop().await;
 

@@ -272,7 +272,8 @@ impl SimEnv {
         Ok(p)
     }
 
-    async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+    /// A GET on the proxy's admin port: status and the raw response.
+    pub async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
         let mut s = tokio::net::TcpStream::connect(self.admin).await?;
         s.write_all(
             format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),

@@ -57,3 +57,86 @@ pub fn config_map(i: usize, namespace: &str, rv: u64) -> String {
 pub fn node(i: usize) -> String {
     format!("node-{i:05}")
 }
+
+/// Node `i` as a kubeadm worker's kubelet reports it: labels, annotations,
+/// addresses, capacity, the five conditions, daemon endpoints, node info
+/// and `images` (kubelet reports up to 50; `images` of them here, each
+/// with its digest and a tag), plus `managedFields` (about 3.5 KB with no
+/// images, 200 B more per image).
+pub fn node_object(i: usize, images: usize, rv: u64) -> String {
+    let name = node(i);
+    let ip = format!("192.168.{}.{}", (i >> 8) & 0xff, i & 0xff);
+    let condition = |t: &str, status: &str, reason: &str, message: &str| {
+        format!(
+            r#"{{"type":"{t}","status":"{status}","lastHeartbeatTime":"2026-11-21T11:55:21Z","lastTransitionTime":"2026-11-01T08:00:00Z","reason":"{reason}","message":"{message}"}}"#
+        )
+    };
+    let conditions = [
+        condition(
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+        ),
+        condition(
+            "DiskPressure",
+            "False",
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure",
+        ),
+        condition(
+            "PIDPressure",
+            "False",
+            "KubeletHasSufficientPID",
+            "kubelet has sufficient PID available",
+        ),
+        condition(
+            "Ready",
+            "True",
+            "KubeletReady",
+            "kubelet is posting ready status",
+        ),
+    ]
+    .join(",");
+    let images = (0..images)
+        .map(|k| {
+            format!(
+                r#"{{"names":["registry.example.com/team-{k}/service-{k}@sha256:{:064x}","registry.example.com/team-{k}/service-{k}:v1.{k}.0"],"sizeBytes":{}}}"#,
+                k * 7919 + i,
+                50_000_000 + k * 1_000_003
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        r#"{{"kind":"Node","apiVersion":"v1","metadata":{{"name":"{name}","uid":"{uid}","resourceVersion":"{rv}","creationTimestamp":"2026-11-01T08:00:00Z","labels":{{"beta.kubernetes.io/arch":"amd64","beta.kubernetes.io/os":"linux","kubernetes.io/arch":"amd64","kubernetes.io/hostname":"{name}","kubernetes.io/os":"linux","node.kubernetes.io/instance-type":"m5.xlarge","topology.kubernetes.io/region":"eu-west-1","topology.kubernetes.io/zone":"eu-west-1{zone}","kubecacheproxy.io/proxy":"daemonset"}},"annotations":{{"kubeadm.alpha.kubernetes.io/cri-socket":"unix:///var/run/containerd/containerd.sock","node.alpha.kubernetes.io/ttl":"0","volumes.kubernetes.io/controller-managed-attach-detach":"true"}},"managedFields":[{{"manager":"kubelet","operation":"Update","apiVersion":"v1","time":"2026-11-21T11:55:21Z","fieldsType":"FieldsV1","fieldsV1":{{"f:status":{{"f:allocatable":{{"f:cpu":{{}},"f:ephemeral-storage":{{}},"f:memory":{{}},"f:pods":{{}}}},"f:capacity":{{"f:cpu":{{}},"f:ephemeral-storage":{{}},"f:memory":{{}},"f:pods":{{}}}},"f:conditions":{{"k:{{\"type\":\"DiskPressure\"}}":{{"f:lastHeartbeatTime":{{}}}},"k:{{\"type\":\"MemoryPressure\"}}":{{"f:lastHeartbeatTime":{{}}}},"k:{{\"type\":\"PIDPressure\"}}":{{"f:lastHeartbeatTime":{{}}}},"k:{{\"type\":\"Ready\"}}":{{"f:lastHeartbeatTime":{{}}}}}},"f:images":{{}},"f:nodeInfo":{{"f:bootID":{{}}}}}}}},"subresource":"status"}}]}},"spec":{{"podCIDR":"10.244.{cidr}.0/24","podCIDRs":["10.244.{cidr}.0/24"],"providerID":"aws:///eu-west-1a/i-0{i:016x}"}},"status":{{"capacity":{{"cpu":"4","ephemeral-storage":"101430960Ki","hugepages-1Gi":"0","hugepages-2Mi":"0","memory":"16069620Ki","pods":"110"}},"allocatable":{{"cpu":"4","ephemeral-storage":"93478772582","hugepages-1Gi":"0","hugepages-2Mi":"0","memory":"15967220Ki","pods":"110"}},"conditions":[{conditions}],"addresses":[{{"type":"InternalIP","address":"{ip}"}},{{"type":"Hostname","address":"{name}"}}],"daemonEndpoints":{{"kubeletEndpoint":{{"Port":10250}}}},"nodeInfo":{{"machineID":"{uid}","systemUUID":"{uid}","bootID":"{uid}","kernelVersion":"6.8.0-1015-aws","osImage":"Ubuntu 24.04.1 LTS","containerRuntimeVersion":"containerd://2.0.1","kubeletVersion":"v1.36.2","kubeProxyVersion":"","operatingSystem":"linux","architecture":"amd64"}},"images":[{images}]}}}}"#,
+        uid = uid(i),
+        zone = ["a", "b", "c"][i % 3],
+        cidr = i % 256,
+    )
+}
+
+/// EndpointSlice `i` of a service with `endpoints` ready pods on one port,
+/// as the EndpointSlice controller writes it (about 400 B plus 250 B per
+/// endpoint).
+pub fn endpoint_slice(i: usize, namespace: &str, endpoints: usize, rv: u64) -> String {
+    let service = format!("svc-{i:05}");
+    let eps = (0..endpoints)
+        .map(|k| {
+            let n = i * endpoints + k;
+            format!(
+                r#"{{"addresses":["10.{}.{}.{}"],"conditions":{{"ready":true,"serving":true,"terminating":false}},"nodeName":"{}","targetRef":{{"kind":"Pod","namespace":"{namespace}","name":"{service}-7d9f8b6c5d-{k:05}","uid":"{}"}},"zone":"eu-west-1a"}}"#,
+                (n >> 16) & 0xff,
+                (n >> 8) & 0xff,
+                n & 0xff,
+                node(n % 100),
+                uid(n)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        r#"{{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{{"name":"{service}-x7k2p","generateName":"{service}-","namespace":"{namespace}","uid":"{uid}","resourceVersion":"{rv}","generation":3,"creationTimestamp":"2026-11-21T11:55:21Z","labels":{{"endpointslice.kubernetes.io/managed-by":"endpointslice-controller.k8s.io","kubernetes.io/service-name":"{service}"}},"annotations":{{"endpoints.kubernetes.io/last-change-trigger-time":"2026-11-21T11:55:24Z"}},"ownerReferences":[{{"apiVersion":"v1","kind":"Service","name":"{service}","uid":"{uid}","controller":true,"blockOwnerDeletion":true}}]}},"addressType":"IPv4","endpoints":[{eps}],"ports":[{{"name":"http","protocol":"TCP","port":8080}}]}}"#,
+        uid = uid(i),
+    )
+}
