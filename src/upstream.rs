@@ -5,8 +5,9 @@
 //! certificate and key, static token or a token file that is re-read as it
 //! rotates, exec plugins). A client certificate and key named by file
 //! (kubelet's rotating `kubelet-client-current.pem`, a certificate an
-//! operator renews) are re-read when the files change, as client-go does. Requests go through a pooled hyper client over
-//! rustls that speaks HTTP/2 when the apiserver offers it.
+//! operator renews) are re-read when the files change, as client-go does.
+//! Requests go through a pooled hyper client over rustls that speaks
+//! HTTP/2 when the apiserver offers it.
 //!
 //! Two pools exist because the apiserver authenticates a TLS client
 //! certificate before a bearer token (its union authenticator tries x509
