@@ -181,7 +181,8 @@ pub struct CacheConfig {
     pub history_capacity: usize,
     /// Events older than this many seconds leave the history even below
     /// `historyCapacity`, bounding the old object versions it keeps.
-    /// Default 150, twice what kube-apiserver's watch cache keeps (75 s).
+    /// Default 300: several minutes, where kube-apiserver's watch cache
+    /// keeps about 75 s.
     pub history_max_age_seconds: u64,
     /// Events buffered per watcher before it is marked lagging and catches
     /// up from the history on its own. Default 100.
@@ -265,7 +266,7 @@ impl Default for CacheConfig {
                 CachedResource::new("storage.k8s.io", "v1", "csinodes"),
             ],
             history_capacity: 10_000,
-            history_max_age_seconds: 150,
+            history_max_age_seconds: 300,
             watcher_buffer_events: 100,
             slow_watcher_timeout_seconds: 10,
             bookmark_interval_seconds: 60,
