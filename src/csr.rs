@@ -565,6 +565,18 @@ enum Outcome {
     Refused { condition: String, reason: String },
 }
 
+/// Whether the request carries an `Approved` condition that is not
+/// `False`.
+fn approved(csr: &CertificateSigningRequest) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Approved" && c.status != "False")
+        })
+}
+
 /// `WaitForCertificate`: denied or failed wins; a certificate counts once
 /// the request is approved.
 fn outcome(csr: &CertificateSigningRequest) -> Outcome {
@@ -590,11 +602,8 @@ fn outcome(csr: &CertificateSigningRequest) -> Outcome {
             };
         }
     }
-    let approved = conditions
-        .iter()
-        .any(|c| c.type_ == "Approved" && c.status != "False");
     match &status.certificate {
-        Some(cert) if approved && !cert.0.is_empty() => Outcome::Issued(cert.0.clone()),
+        Some(cert) if approved(csr) && !cert.0.is_empty() => Outcome::Issued(cert.0.clone()),
         _ => Outcome::Pending,
     }
 }
@@ -867,12 +876,7 @@ impl Task {
                 }
                 Outcome::Pending => {}
             }
-            let approved = csr
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Approved"));
-            if approved {
+            if approved(&csr) {
                 self.set_note(&format!(
                     "CSR {name} for {signer} is approved, waiting for the signer to issue it"
                 ));
@@ -957,12 +961,7 @@ impl Task {
                             if !matches!(outcome(&csr), Outcome::Pending) {
                                 return Ok(Some(csr));
                             }
-                            let approved = csr
-                                .status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|c| c.iter().any(|c| c.type_ == "Approved"));
-                            if approved {
+                            if approved(&csr) {
                                 // Let the caller update its note.
                                 return Ok(Some(csr));
                             }

@@ -88,28 +88,16 @@ async fn sim() -> Sim {
     sim
 }
 
-/// The proxy's configuration: CSR mode, keeping its files in `pki`.
+/// The proxy's configuration: the tests' usual one in CSR mode, keeping
+/// its files in `pki` (no certificate files).
 fn config(sim: &Sim, dir: &Path, pki: &Path) -> Config {
-    let write = |name: &str, text: &str| {
-        let p = dir.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    };
-    let mut config = Config {
-        listen: "127.0.0.1:0".into(),
-        admin_listen: "127.0.0.1:0".into(),
-        shutdown_grace_period_seconds: 2,
-        node_name: NODE.into(),
-        ..Config::default()
-    };
-    config.tls.client_ca_file = Some(write("client-ca.crt", &sim.ca_pem()));
+    let unused = Ca::new("unused").unwrap();
+    let mut config = support::env::proxy_config(sim, dir, &unused);
+    config.tls.cert_file = None;
+    config.tls.private_key_file = None;
+    config.node_name = NODE.into();
     config.tls.csr.enabled = true;
     config.tls.csr.directory = pki.to_path_buf();
-    config.upstream.kubeconfig = Some(write(
-        "upstream.kubeconfig",
-        &sim.kubeconfig(&SimConfig::default().proxy_user, None),
-    ));
-    config.cache.bookmark_interval_seconds = 1;
     config
 }
 
