@@ -229,6 +229,22 @@ mod tests {
             .collect()
     }
 
+    /// The apiserver sorts the raw parts before parsing them, so the order of
+    /// terms depends on how they were spelled (`==` sorts after `=\x10`, `=`
+    /// before it). Found by the `field_selector` fuzz target.
+    #[test]
+    fn term_order_follows_the_raw_text() {
+        let sel = FieldSelector::parse("=\u{10}?,==").unwrap();
+        let values: Vec<&str> = sel.terms().iter().map(|t| t.value.as_str()).collect();
+        assert_eq!(values, ["\u{10}?", ""]);
+        let printed = sel.to_string();
+        assert_eq!(printed, "=\u{10}?,=");
+        let again = FieldSelector::parse(&printed).unwrap();
+        let values: Vec<&str> = again.terms().iter().map(|t| t.value.as_str()).collect();
+        assert_eq!(values, ["", "\u{10}?"]);
+        assert!(sel.implies(&again) && again.implies(&sel));
+    }
+
     #[test]
     fn recording_examples() {
         assert_eq!(
