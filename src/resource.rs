@@ -10,6 +10,7 @@
 //! and friends). A label can be accepted yet absent from the field set
 //! (pods' `status.podIPs`): it then compares as the empty string.
 
+use serde::de::DeserializeSeed;
 use serde_json::Value;
 
 use crate::selector::{FieldRequirement, FieldSelector};
@@ -666,6 +667,162 @@ impl FieldSet {
     /// Whether the fields need more of the object than its metadata.
     pub fn needs_body(self) -> bool {
         self != FieldSet::Default
+    }
+
+    /// [`FieldSet::extract`] straight from the object's JSON, without
+    /// building the whole object as a [`Value`]: only the members
+    /// [`FieldSet::extract`] reads are materialized, everything else is
+    /// skipped (still checked to be well-formed JSON). For a 5 KB pod this
+    /// is a fraction of the cost of a full parse (see `benches/ingest.rs`).
+    ///
+    /// # Errors
+    /// When `json` is not a well-formed JSON value.
+    pub fn extract_json(
+        self,
+        json: &[u8],
+        namespaced: bool,
+    ) -> Result<Vec<(&'static str, String)>, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_slice(json);
+        let pruned = prune::Prune(self.read_paths().to_vec(), 0).deserialize(&mut de)?;
+        de.end()?;
+        Ok(self.extract(&pruned, namespaced))
+    }
+
+    /// Every path [`FieldSet::extract`] reads; a path's value is kept whole.
+    fn read_paths(self) -> &'static [&'static [&'static str]] {
+        const META: [&[&str]; 2] = [&["metadata", "name"], &["metadata", "namespace"]];
+        macro_rules! paths {
+            ($($p:expr),* $(,)?) => {{
+                const P: &[&[&str]] = &[META[0], META[1], $($p),*];
+                P
+            }};
+        }
+        match self {
+            FieldSet::Default => paths!(),
+            FieldSet::Pod => paths!(
+                &["spec", "nodeName"],
+                &["spec", "restartPolicy"],
+                &["spec", "schedulerName"],
+                &["spec", "serviceAccountName"],
+                &["spec", "hostNetwork"],
+                &["status", "phase"],
+                &["status", "podIPs"],
+                &["status", "podIP"],
+                &["status", "nominatedNodeName"],
+            ),
+            FieldSet::Node => paths!(&["spec", "unschedulable"]),
+            FieldSet::Service => paths!(&["spec", "clusterIP"], &["spec", "type"]),
+            FieldSet::Secret => paths!(&["type"]),
+            FieldSet::Namespace => paths!(&["status", "phase"]),
+            FieldSet::ReplicationController => paths!(&["status", "replicas"]),
+            FieldSet::CoreEvent => paths!(
+                &["involvedObject"],
+                &["reason"],
+                &["reportingComponent"],
+                &["source", "component"],
+                &["type"],
+            ),
+            FieldSet::EventsV1Event => paths!(
+                &["regarding"],
+                &["reason"],
+                &["reportingController"],
+                &["deprecatedSource", "component"],
+                &["type"],
+            ),
+            FieldSet::Job => paths!(&["status", "succeeded"]),
+            FieldSet::CertificateSigningRequest => paths!(&["spec", "signerName"]),
+            FieldSet::ResourceSlice => paths!(&["spec", "nodeName"], &["spec", "driver"]),
+        }
+    }
+}
+
+/// A JSON value with only some paths kept, for [`FieldSet::extract_json`].
+mod prune {
+    use std::borrow::Cow;
+    use std::fmt;
+
+    use serde::Deserialize;
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Value};
+
+    /// Deserializes a value keeping only `paths` (each relative to the
+    /// document root, of which the first `.1` keys have been matched
+    /// already). Where an object is expected but something else is found,
+    /// the result is `null`: [`Value::get`] finds no member in either.
+    pub(super) struct Prune(pub Vec<&'static [&'static str]>, pub usize);
+
+    /// An object key, borrowed from the input unless it has escapes.
+    #[derive(Deserialize)]
+    struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+
+    impl<'de> DeserializeSeed<'de> for Prune {
+        type Value = Value;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Prune {
+        type Value = Value;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let Prune(paths, depth) = self;
+            let mut out = Map::new();
+            while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+                let deeper: Vec<&'static [&'static str]> = paths
+                    .iter()
+                    .copied()
+                    .filter(|p| p.get(depth) == Some(&&*key))
+                    .collect();
+                if deeper.is_empty() {
+                    map.next_value::<IgnoredAny>()?;
+                } else if deeper.iter().any(|p| p.len() == depth + 1) {
+                    out.insert(key.into_owned(), map.next_value::<Value>()?);
+                } else {
+                    let v = map.next_value_seed(Prune(deeper, depth + 1))?;
+                    out.insert(key.into_owned(), v);
+                }
+            }
+            Ok(Value::Object(out))
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Value::Null)
+        }
+
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_none<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_str<E>(self, _: &str) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
     }
 }
 

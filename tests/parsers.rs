@@ -21,6 +21,125 @@ fn selectorish() -> impl Strategy<Value = String> {
         .unwrap()
 }
 
+const ALL_FIELD_SETS: [FieldSet; 12] = [
+    FieldSet::Default,
+    FieldSet::Pod,
+    FieldSet::Node,
+    FieldSet::Service,
+    FieldSet::Secret,
+    FieldSet::Namespace,
+    FieldSet::ReplicationController,
+    FieldSet::CoreEvent,
+    FieldSet::EventsV1Event,
+    FieldSet::Job,
+    FieldSet::CertificateSigningRequest,
+    FieldSet::ResourceSlice,
+];
+
+/// JSON objects whose keys are mostly ones selectable fields are read from,
+/// nested, with values of every type where an object is expected.
+fn json_object() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let key = prop_oneof![
+        3 => proptest::sample::select(vec![
+            "metadata", "name", "namespace", "spec", "status", "nodeName", "phase", "podIPs",
+            "podIP", "ip", "hostNetwork", "unschedulable", "type", "involvedObject", "regarding",
+            "kind", "uid", "source", "deprecatedSource", "component", "reason",
+            "reportingComponent", "reportingController", "succeeded", "replicas", "signerName",
+            "driver", "clusterIP",
+        ]).prop_map(str::to_string),
+        1 => "[a-z]{1,3}",
+    ];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        (-3i64..300).prop_map(Value::from),
+        "[a-z0-9.\\\"]{0,4}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 64, 6, move |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+            proptest::collection::vec((key.clone(), inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+    .prop_map(|v| match v {
+        Value::Object(_) => v,
+        other => serde_json::json!({ "metadata": other }),
+    })
+}
+
+/// Objects shaped like the kinds with selectable fields: every path a field
+/// is read from, each present or not, holding a value of any type.
+fn shaped_object() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let value = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        (-3i64..300).prop_map(Value::from),
+        "[a-z0-9.]{0,3}".prop_map(Value::from),
+        proptest::collection::vec(
+            "[0-9.]{0,3}".prop_map(|ip| serde_json::json!({ "ip": ip })),
+            0..3
+        )
+        .prop_map(Value::Array),
+    ];
+    let inner_keys = vec![
+        "name",
+        "namespace",
+        "nodeName",
+        "restartPolicy",
+        "schedulerName",
+        "serviceAccountName",
+        "hostNetwork",
+        "phase",
+        "podIPs",
+        "podIP",
+        "nominatedNodeName",
+        "unschedulable",
+        "clusterIP",
+        "type",
+        "replicas",
+        "succeeded",
+        "signerName",
+        "driver",
+        "kind",
+        "uid",
+        "apiVersion",
+        "resourceVersion",
+        "fieldPath",
+        "component",
+        "other",
+    ];
+    let inner =
+        proptest::collection::vec((proptest::sample::select(inner_keys), value.clone()), 0..8)
+            .prop_map(|kv| {
+                Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            });
+    let top_keys = vec![
+        "metadata",
+        "spec",
+        "status",
+        "type",
+        "involvedObject",
+        "regarding",
+        "source",
+        "deprecatedSource",
+        "reason",
+        "reportingComponent",
+        "reportingController",
+        "data",
+    ];
+    proptest::collection::vec(
+        (
+            proptest::sample::select(top_keys),
+            prop_oneof![3 => inner, 1 => value],
+        ),
+        0..8,
+    )
+    .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -35,8 +154,15 @@ proptest! {
     #[test]
     fn field_selectors_round_trip(s in prop_oneof![selectorish(), any::<String>()]) {
         if let Ok(sel) = FieldSelector::parse(&s) {
+            // Term order follows the raw text, as the apiserver's does (it
+            // sorts the unparsed parts), so compare the terms as a multiset.
             let printed = sel.to_string();
-            prop_assert_eq!(FieldSelector::parse(&printed).unwrap(), sel.clone());
+            let terms = |sel: &FieldSelector| {
+                let mut t: Vec<_> = sel.terms().iter().map(|t| (t.field.clone(), t.not_equals, t.value.clone())).collect();
+                t.sort_unstable();
+                t
+            };
+            prop_assert_eq!(terms(&FieldSelector::parse(&printed).unwrap()), terms(&sel));
             for fs in [FieldSet::Default, FieldSet::Pod, FieldSet::Node, FieldSet::EventsV1Event, FieldSet::Job] {
                 let _ = fs.convert(&sel);
             }
@@ -115,6 +241,24 @@ proptest! {
             prop_assert_eq!(o.labels().get(k), v.as_str());
         }
         prop_assert_eq!(o.labels().get("absent-key"), None);
+    }
+
+    /// Selectable fields read from the JSON without decoding the whole
+    /// object are the ones read from the fully decoded object.
+    #[test]
+    fn selectable_fields_read_from_bytes_match_a_decoder(
+        object in prop_oneof![shaped_object(), json_object()],
+        escape_keys in any::<bool>(),
+        namespaced in any::<bool>(),
+    ) {
+        let mut json = serde_json::to_string(&object).unwrap();
+        if escape_keys {
+            json = json.replace("\"name\":", "\"n\\u0061me\":").replace("\"spec\":", "\"sp\\u0065c\":");
+        }
+        let decoded: serde_json::Value = serde_json::from_str(&json).unwrap();
+        for fs in ALL_FIELD_SETS {
+            prop_assert_eq!(fs.extract_json(json.as_bytes(), namespaced).unwrap(), fs.extract(&decoded, namespaced));
+        }
     }
 
     #[test]

@@ -190,9 +190,8 @@ impl CachedObject {
 
         let labels = label_store(&json, meta.labels.unwrap_or_default());
         let fields: ExtraFields = if field_set.needs_body() {
-            let value: serde_json::Value = serde_json::from_slice(&json)?;
             field_set
-                .extract(&value, namespaced)
+                .extract_json(&json, namespaced)?
                 .into_iter()
                 .filter(|(k, _)| !matches!(*k, "metadata.name" | "metadata.namespace"))
                 .map(|(k, v)| (k, v.into_boxed_str()))
