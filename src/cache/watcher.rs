@@ -10,6 +10,7 @@
 //! the history when it reads again.
 
 use std::ops::Bound;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +19,8 @@ use http::Response;
 use http_body::Frame;
 use http_body_util::StreamBody;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::body::{Body, BoxError};
 use crate::status::Status;
@@ -79,7 +80,13 @@ struct Watch {
     next_bookmark: Option<Instant>,
     interval: Duration,
     deadline: Instant,
-    shutdown: CancellationToken,
+    /// The timers and the shutdown signal live as long as the watch, so
+    /// that waiting for the next event does not register and remove them
+    /// again each time. `bookmark_timer` is armed when `next_bookmark` is
+    /// set.
+    deadline_timer: Pin<Box<Sleep>>,
+    bookmark_timer: Pin<Box<Sleep>>,
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     done: bool,
 }
 
@@ -144,10 +151,12 @@ pub fn start(
         next_bookmark: None,
         interval,
         deadline,
-        shutdown,
+        deadline_timer: Box::pin(tokio::time::sleep_until(deadline)),
+        bookmark_timer: Box::pin(tokio::time::sleep_until(deadline)),
+        shutdown: Box::pin(shutdown.cancelled_owned()),
         done: false,
     };
-    watch.next_bookmark = watch.bookmark_after(now);
+    watch.set_next_bookmark(now);
     let stream = futures_util::stream::unfold(watch, |mut w| async move {
         let chunk = w.next_chunk().await?;
         Some((Ok::<_, BoxError>(Frame::data(chunk)), w))
@@ -175,6 +184,14 @@ impl Watch {
         let pre_timeout = self.deadline.checked_sub(Duration::from_secs(2))?;
         let at = heartbeat.min(pre_timeout);
         (at > now).then_some(at)
+    }
+
+    /// Schedules the next bookmark after `now`.
+    fn set_next_bookmark(&mut self, now: Instant) {
+        self.next_bookmark = self.bookmark_after(now);
+        if let Some(at) = self.next_bookmark {
+            self.bookmark_timer.as_mut().reset(at);
+        }
     }
 
     async fn next_chunk(&mut self) -> Option<Bytes> {
@@ -260,13 +277,41 @@ impl Watch {
         (!buf.is_empty()).then(|| buf.freeze())
     }
 
-    fn drain_ready(&mut self, buf: &mut BytesMut) {
-        while buf.len() < CHUNK {
-            match self.rx.try_recv() {
-                Ok(d) => self.push(buf, d),
-                Err(_) => break,
+    /// The frames of `first` and of the deliveries already waiting, up to
+    /// [`CHUNK`] bytes. A lone frame is returned as it is, shared with every
+    /// other watcher, not copied.
+    fn gather(&mut self, first: Option<Delivery>) -> Option<Bytes> {
+        let mut lone: Option<Bytes> = None;
+        let mut buf = BytesMut::new();
+        let mut next = first;
+        loop {
+            let d = match next.take() {
+                Some(d) => d,
+                None => {
+                    let held = lone.as_ref().map_or(buf.len(), Bytes::len);
+                    if held >= CHUNK {
+                        break;
+                    }
+                    match self.rx.try_recv() {
+                        Ok(d) => d,
+                        Err(_) => break,
+                    }
+                }
+            };
+            if d.rv <= self.min_rv {
+                continue;
+            }
+            self.last_rv = self.last_rv.max(d.rv);
+            match lone.take() {
+                Some(prev) => {
+                    buf.extend_from_slice(&prev);
+                    buf.extend_from_slice(&d.frame);
+                }
+                None if buf.is_empty() => lone = Some(d.frame),
+                None => buf.extend_from_slice(&d.frame),
             }
         }
+        lone.or_else(|| (!buf.is_empty()).then(|| buf.freeze()))
     }
 
     fn push(&mut self, buf: &mut BytesMut, d: Delivery) {
@@ -278,10 +323,8 @@ impl Watch {
 
     async fn live_chunk(&mut self) -> Option<Bytes> {
         loop {
-            let mut buf = BytesMut::new();
-            self.drain_ready(&mut buf);
-            if !buf.is_empty() {
-                return Some(buf.freeze());
+            if let Some(chunk) = self.gather(None) {
+                return Some(chunk);
             }
             if self.link.is_closed() {
                 self.done = true;
@@ -298,6 +341,7 @@ impl Watch {
                         return None;
                     }
                     CatchUp::Frames { frames, .. } => {
+                        let mut buf = BytesMut::new();
                         for d in frames {
                             self.push(&mut buf, d);
                         }
@@ -308,23 +352,21 @@ impl Watch {
                     }
                 }
             }
-            let bookmark_at = self.next_bookmark;
+            let bookmark_armed = self.next_bookmark.is_some();
             tokio::select! {
                 biased;
-                _ = self.shutdown.cancelled() => {
+                _ = self.shutdown.as_mut() => {
                     self.done = true;
                     return None;
                 }
-                _ = tokio::time::sleep_until(self.deadline) => {
+                _ = self.deadline_timer.as_mut() => {
                     self.done = true;
                     return None;
                 }
                 d = self.rx.recv() => match d {
                     Some(d) => {
-                        self.push(&mut buf, d);
-                        self.drain_ready(&mut buf);
-                        if !buf.is_empty() {
-                            return Some(buf.freeze());
+                        if let Some(chunk) = self.gather(Some(d)) {
+                            return Some(chunk);
                         }
                     }
                     None => {
@@ -332,9 +374,8 @@ impl Watch {
                         return None;
                     }
                 },
-                _ = sleep_until_opt(bookmark_at) => {
-                    let now = Instant::now();
-                    self.next_bookmark = self.bookmark_after(now);
+                _ = self.bookmark_timer.as_mut(), if bookmark_armed => {
+                    self.set_next_bookmark(Instant::now());
                     let rv = self.cache.rv();
                     // Only progress is worth a bookmark.
                     if rv > self.last_rv {
@@ -344,12 +385,5 @@ impl Watch {
                 }
             }
         }
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
