@@ -1,5 +1,6 @@
 //! Objects from upstream (watch events and list items): never panic; what
-//! is accepted keeps its bytes and reports consistent views.
+//! is accepted keeps its bytes and reports consistent views: labels and
+//! selectable fields as a full JSON decoder sees them.
 #![no_main]
 
 use bytes::BytesMut;
@@ -14,11 +15,16 @@ fuzz_target!(|data: &[u8]| {
             let mut item = BytesMut::new();
             o.write_item(&mut item, true);
             let restamped = o.with_resource_version(o.rv + 1);
-            let again = CachedObject::from_json(&restamped, fs, true).expect("a restamped object parses");
+            let again =
+                CachedObject::from_json(&restamped, fs, true).expect("a restamped object parses");
             assert_eq!(again.rv, o.rv + 1);
             assert_eq!(again.key(), o.key());
             // The labels read from the bytes are the labels a JSON decoder
             // sees (the last of duplicate keys).
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
+                // So are the selectable fields, read without a full decode.
+                assert_eq!(fs.extract_json(data, true).ok(), Some(fs.extract(&v, true)));
+            }
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data)
                 && let Some(labels) = v["metadata"]["labels"].as_object()
             {

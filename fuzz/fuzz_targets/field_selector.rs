@@ -28,7 +28,15 @@ fuzz_target!(|data: &[u8]| {
         let printed = sel.to_string();
         let again = FieldSelector::parse(&printed).expect("a printed selector parses");
         assert_eq!(sorted(&again), sorted(&sel), "{s:?} printed as {printed:?}");
-        for fs in [FieldSet::Default, FieldSet::Pod, FieldSet::Node, FieldSet::CoreEvent, FieldSet::EventsV1Event, FieldSet::Job, FieldSet::ResourceSlice] {
+        for fs in [
+            FieldSet::Default,
+            FieldSet::Pod,
+            FieldSet::Node,
+            FieldSet::CoreEvent,
+            FieldSet::EventsV1Event,
+            FieldSet::Job,
+            FieldSet::ResourceSlice,
+        ] {
             let _ = fs.convert(&sel);
         }
     }
