@@ -11,7 +11,8 @@ use bytes::{Bytes, BytesMut};
 use super::filter::Filter;
 use super::object::CachedObject;
 
-/// The type of a watch event.
+/// The type of a watch event. Its discriminant (0, 1, 2) indexes
+/// per-type tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
     Added,

@@ -290,10 +290,7 @@ async fn serve_list(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read
     let legacy_exact =
         opts.resource_version_match.is_none() && opts.limit > 0 && parsed.is_some_and(|rv| rv > 0);
     match (parsed, opts.resource_version_match) {
-        (Some(rv), Some(Match::Exact)) => {
-            return exact_list(cache, &filter, &prefix, None, opts.limit, rv).await;
-        }
-        (Some(rv), _) if legacy_exact => {
+        (Some(rv), m) if m == Some(Match::Exact) || legacy_exact => {
             return exact_list(cache, &filter, &prefix, None, opts.limit, rv).await;
         }
         (None, _) => {

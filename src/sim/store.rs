@@ -21,33 +21,7 @@ use super::object;
 use super::resources::ResourceSpec;
 use crate::status::Status;
 
-/// The type of a watch event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    Added,
-    Modified,
-    Deleted,
-}
-
-impl EventType {
-    /// Index into per-type caches.
-    pub fn index(self) -> usize {
-        match self {
-            EventType::Added => 0,
-            EventType::Modified => 1,
-            EventType::Deleted => 2,
-        }
-    }
-
-    /// The wire name (`ADDED`...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::Added => "ADDED",
-            EventType::Modified => "MODIFIED",
-            EventType::Deleted => "DELETED",
-        }
-    }
-}
+pub use crate::cache::event::EventType;
 
 /// One change to one object.
 #[derive(Debug)]

@@ -309,7 +309,7 @@ impl Task {
     /// encoded once and shared by every watcher.
     fn event_line(&self, event: &Event, kind: EventType) -> Bytes {
         if self.output == Output::Json {
-            return event.cache.lines[kind.index()]
+            return event.cache.lines[kind as usize]
                 .get_or_init(|| self.line(kind.as_str(), &event.object))
                 .clone();
         }
