@@ -9,18 +9,13 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kube_cache_proxy::config::CachedResource;
 use kube_cache_proxy::resource::Gvr;
 use kube_cache_proxy::sim::SimConfig;
 use serde_json::{Value, json};
 use support::{Env, Identity, Next, QUIET, SOON, WatchStream};
 
 fn cms() -> Gvr {
-    Gvr {
-        group: String::new(),
-        version: "v1".into(),
-        resource: "configmaps".into(),
-    }
+    support::configmaps()
 }
 
 fn cm(name: &str, app: &str) -> Value {
@@ -29,11 +24,7 @@ fn cm(name: &str, app: &str) -> Value {
 
 async fn env() -> Env {
     let env = Env::start_with(SimConfig::default(), |c| {
-        c.cache.resources.push(CachedResource {
-            version: "v1".into(),
-            resource: "configmaps".into(),
-            ..CachedResource::default()
-        });
+        support::cache_configmaps(c);
     })
     .await;
     env.ready().await;

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use kube_cache_proxy::config::CachedResource;
 use kube_cache_proxy::resource::Gvr;
 use kube_cache_proxy::sim::SimConfig;
 use proptest::prelude::*;
@@ -76,11 +75,7 @@ fn watcher() -> impl Strategy<Value = (usize, Start)> {
 }
 
 fn cms() -> Gvr {
-    Gvr {
-        group: String::new(),
-        version: "v1".into(),
-        resource: "configmaps".into(),
-    }
+    support::configmaps()
 }
 
 fn name(i: usize) -> String {
@@ -170,11 +165,7 @@ async fn read(w: &mut WatchStream, n: usize) -> Vec<Seen> {
 
 async fn run_case(ops: Vec<Op>, watchers: Vec<(usize, Start)>) {
     let env = Env::start_with(SimConfig::default(), |c| {
-        c.cache.resources.push(CachedResource {
-            version: "v1".into(),
-            resource: "configmaps".into(),
-            ..CachedResource::default()
-        });
+        support::cache_configmaps(c);
         c.cache.watcher_buffer_events = 3;
     })
     .await;

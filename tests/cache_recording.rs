@@ -10,7 +10,6 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kube_cache_proxy::config::CachedResource;
 use kube_cache_proxy::sim::SimConfig;
 use serde_json::Value;
 use support::recording::{FIXTURE, Replay, RvMap};
@@ -88,11 +87,7 @@ async fn replays_every_recorded_case_through_the_proxy() {
         ..SimConfig::default()
     };
     let env = Env::start_with(sim_config, |c| {
-        c.cache.resources.push(CachedResource {
-            version: "v1".into(),
-            resource: "configmaps".into(),
-            ..CachedResource::default()
-        });
+        support::cache_configmaps(c);
         // The recorded 504 after 3 s, sooner.
         c.cache.not_older_than_wait_milliseconds = 300;
         // Quiet resources become fresh through a progress watch (about a

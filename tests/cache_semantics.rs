@@ -15,28 +15,16 @@ use serde_json::{Value, json};
 use support::{Env, Identity, Next, QUIET, SOON, WatchStream};
 
 fn cms() -> Gvr {
-    Gvr {
-        group: String::new(),
-        version: "v1".into(),
-        resource: "configmaps".into(),
-    }
+    support::configmaps()
 }
 
 fn cm(ns: &str, name: &str, app: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "data": {"k": name}})
 }
 
-fn cached_configmaps(c: &mut kube_cache_proxy::config::Config) {
-    c.cache.resources.push(CachedResource {
-        version: "v1".into(),
-        resource: "configmaps".into(),
-        ..CachedResource::default()
-    });
-}
-
 async fn env_with(customize: impl FnOnce(&mut kube_cache_proxy::config::Config)) -> Env {
     let env = Env::start_with(SimConfig::default(), |c| {
-        cached_configmaps(c);
+        support::cache_configmaps(c);
         customize(c);
     })
     .await;

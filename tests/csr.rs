@@ -37,11 +37,7 @@ fn csrs() -> Gvr {
 }
 
 fn cms() -> Gvr {
-    Gvr {
-        group: String::new(),
-        version: "v1".into(),
-        resource: "configmaps".into(),
-    }
+    support::configmaps()
 }
 
 /// Waits until the serving-certificate check fails with a reason

@@ -8,7 +8,6 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use kube_cache_proxy::config::CachedResource;
 use kube_cache_proxy::sim::SimConfig;
 use serde_json::{Value, json};
 use support::kubectl::{Kubectl, kubectl_available};
@@ -32,11 +31,7 @@ async fn kubectl_through_the_proxy() {
         return;
     }
     let env = Env::start_with(SimConfig::default(), |c| {
-        c.cache.resources.push(CachedResource {
-            version: "v1".into(),
-            resource: "configmaps".into(),
-            ..CachedResource::default()
-        });
+        support::cache_configmaps(c);
     })
     .await;
     env.ready().await;

@@ -196,11 +196,7 @@ async fn upgrade_round_trip() {
 async fn large_bodies_stream_through() {
     let env = passthrough_env().await;
     let big = "x".repeat(1 << 20);
-    let gvr = kube_cache_proxy::resource::Gvr {
-        group: String::new(),
-        version: "v1".into(),
-        resource: "configmaps".into(),
-    };
+    let gvr = support::configmaps();
     for i in 0..50 {
         let mut o = cm("big", &format!("cm-{i:02}"), "x");
         o["data"]["blob"] = json!(big);

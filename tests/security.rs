@@ -9,7 +9,6 @@ mod support;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
-use kube_cache_proxy::config::CachedResource;
 use kube_cache_proxy::resource::Gvr;
 use kube_cache_proxy::sim::{AuthMethod, Rule, Subject, UserInfo};
 use serde_json::{Value, json};
@@ -27,11 +26,7 @@ fn gvr(resource: &str) -> Gvr {
 /// objects: pods on node-1 and node-2, a configmap.
 async fn env() -> Env {
     let env = Env::start_with(Default::default(), |c| {
-        c.cache.resources.push(CachedResource {
-            version: "v1".into(),
-            resource: "configmaps".into(),
-            ..CachedResource::default()
-        });
+        support::cache_configmaps(c);
         c.authentication.token_review.cache_ttl_seconds = 1;
         c.authentication.token_review.failure_cache_ttl_seconds = 1;
         c.authorization

@@ -13,6 +13,27 @@ pub use sim::Identity;
 
 use std::time::Duration;
 
+use kube_cache_proxy::config::{CachedResource, Config};
+use kube_cache_proxy::resource::Gvr;
+
+/// Core v1 configmaps, the resource most tests write and read.
+pub fn configmaps() -> Gvr {
+    Gvr {
+        group: String::new(),
+        version: "v1".into(),
+        resource: "configmaps".into(),
+    }
+}
+
+/// Adds configmaps (not in the default list) to the cached resources.
+pub fn cache_configmaps(c: &mut Config) {
+    c.cache.resources.push(CachedResource {
+        version: "v1".into(),
+        resource: "configmaps".into(),
+        ..CachedResource::default()
+    });
+}
+
 /// For things expected promptly.
 pub const SOON: Duration = Duration::from_secs(5);
 /// For checking that nothing arrives.
