@@ -150,17 +150,21 @@ fn echo_metadata(body: &Value) -> Value {
     Value::Object(meta)
 }
 
-fn token_review(ctx: &Ctx, spec: &Value) -> Value {
-    let token = spec.get("token").and_then(Value::as_str).unwrap_or("");
-    let audiences: Vec<String> = spec
-        .get("audiences")
+/// The strings of the array `v[key]` (none when absent).
+fn strings(v: &Value, key: &str) -> Vec<String> {
+    v.get(key)
         .and_then(Value::as_array)
         .map(|a| {
             a.iter()
                 .filter_map(|v| v.as_str().map(str::to_string))
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+fn token_review(ctx: &Ctx, spec: &Value) -> Value {
+    let token = spec.get("token").and_then(Value::as_str).unwrap_or("");
+    let audiences = strings(spec, "audiences");
     match ctx.state.tokens.lookup(token) {
         Some(user) => {
             let auds = if audiences.is_empty() {
@@ -283,15 +287,7 @@ fn label_requirements(sel: Option<&Value>) -> Vec<Requirement> {
                     "DoesNotExist" => Operator::DoesNotExist,
                     _ => return None,
                 };
-                let mut values: Vec<String> = r
-                    .get("values")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|v| v.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let mut values = strings(r, "values");
                 values.sort();
                 values.dedup();
                 Some(Requirement {
