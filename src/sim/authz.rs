@@ -9,46 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
-use super::authn::{AUTHENTICATED, UNAUTHENTICATED, UserInfo};
+use super::authorizer::{Attributes, Decision};
+
+use super::authn::{AUTHENTICATED, UNAUTHENTICATED};
 use super::errors::go_quote;
 use super::node_authz::{self, NodeGraph};
 use super::rbac::{Rule, Subject};
-use crate::request::RequestInfo;
-use crate::selector::{FieldRequirement, FieldSelector, LabelSelector, Requirement};
 use crate::status::{Details, Status, qualified_resource};
 
 /// `system:masters`: allowed everything.
 pub const MASTERS: &str = "system:masters";
-
-/// What is being asked, as `authorizer.Attributes`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Attributes {
-    pub user: UserInfo,
-    pub verb: String,
-    pub resource_request: bool,
-    /// The path, for non-resource requests.
-    pub path: String,
-    pub api_group: String,
-    pub api_version: String,
-    pub namespace: String,
-    pub resource: String,
-    pub subresource: String,
-    pub name: String,
-    /// Field selector requirements (list/watch/deletecollection only).
-    pub field_selector: Vec<FieldRequirement>,
-    /// Label selector requirements (list/watch/deletecollection only).
-    pub label_selector: Vec<Requirement>,
-}
-
-/// An authorizer's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    Allow,
-    /// Denied, with a reason.
-    Deny(String),
-    /// Not allowed by this authorizer, with a (possibly empty) reason.
-    NoOpinion(String),
-}
 
 /// Authorization rules, changeable while the sim runs.
 #[derive(Debug)]
@@ -56,48 +26,6 @@ pub struct Policy {
     proxy_user: String,
     grants: RwLock<Vec<(u64, Subject, Rule)>>,
     next_id: AtomicU64,
-}
-
-// === impl Attributes ===
-
-impl Attributes {
-    /// The attributes of an HTTP request by `user`. Selectors are taken from
-    /// `query` for list, watch and deletecollection, except for the legacy
-    /// `/watch/` path form, like `GetAuthorizerAttributes`.
-    pub fn from_request(info: &RequestInfo, user: &UserInfo, query: &str) -> Attributes {
-        let mut attrs = Attributes {
-            user: user.clone(),
-            verb: info.verb.clone(),
-            resource_request: info.is_resource_request,
-            path: info.path.clone(),
-            api_group: info.api_group.clone(),
-            api_version: info.api_version.clone(),
-            namespace: info.namespace.clone(),
-            resource: info.resource.clone(),
-            subresource: info.subresource.clone(),
-            name: info.name.clone(),
-            ..Attributes::default()
-        };
-        let selectable = matches!(info.verb.as_str(), "list" | "watch" | "deletecollection");
-        if selectable && !info.legacy_watch_path {
-            let mut seen_fields = false;
-            let mut seen_labels = false;
-            for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-                if k == "fieldSelector" && !seen_fields {
-                    seen_fields = true;
-                    attrs.field_selector = FieldSelector::parse(&v)
-                        .map(|s| s.terms().to_vec())
-                        .unwrap_or_default();
-                } else if k == "labelSelector" && !seen_labels {
-                    seen_labels = true;
-                    attrs.label_selector = LabelSelector::parse(&v)
-                        .map(|s| s.requirements().to_vec())
-                        .unwrap_or_default();
-                }
-            }
-        }
-        attrs
-    }
 }
 
 /// The 403 `responsewriters.Forbidden` writes for a non-allow decision.

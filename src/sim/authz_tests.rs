@@ -1,6 +1,8 @@
 //! Unit tests of `authz`.
 
 use super::*;
+use crate::request::RequestInfo;
+use crate::sim::authn::UserInfo;
 use crate::sim::node_authz::RefKind;
 use http::Method;
 

@@ -11,7 +11,8 @@ use tokio::sync::watch;
 
 use super::accept;
 use super::authn::{self, AuthMethod, UserInfo};
-use super::authz::{Attributes, Decision, forbidden};
+use super::authorizer::{Attributes, Decision};
+use super::authz::forbidden;
 use super::discovery;
 use super::errors;
 use super::get;

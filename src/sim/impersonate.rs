@@ -9,7 +9,8 @@ use http::HeaderMap;
 use percent_encoding::percent_decode_str;
 
 use super::authn::{ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED, UserInfo};
-use super::authz::{Attributes, Decision, Policy, forbidden};
+use super::authorizer::{Attributes, Decision};
+use super::authz::{Policy, forbidden};
 use super::node_authz::NodeGraph;
 use crate::status::Status;
 

@@ -25,6 +25,7 @@
 
 mod accept;
 mod authn;
+mod authorizer;
 mod authz;
 mod continue_token;
 mod discovery;
@@ -47,6 +48,7 @@ mod respond;
 mod review;
 mod selection;
 mod server;
+mod shutdown;
 mod state;
 mod stats;
 mod store;
@@ -66,7 +68,8 @@ use serde_json::Value;
 
 pub use crate::go::{GoFormatter, to_line as go_json_line, to_vec as go_json};
 pub use authn::{AuthMethod, UserInfo};
-pub use authz::{Attributes, Decision, Policy};
+pub use authorizer::{Attributes, Decision};
+pub use authz::Policy;
 pub use rbac::{Rule, Subject};
 pub use resources::ResourceSpec;
 pub use stats::{RequestRecord, Stats};

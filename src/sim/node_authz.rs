@@ -5,7 +5,7 @@
 //! (`/tmp/research/auth.md` §8). Resources it does not subdivide fall back
 //! to static `system:node` rules.
 
-use super::authz::{Attributes, Decision};
+use super::authorizer::{Attributes, Decision};
 use super::rbac::Rule;
 
 /// `system:nodes`.

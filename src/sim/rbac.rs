@@ -2,7 +2,7 @@
 //! `plugin/pkg/auth/authorizer/rbac` matches `PolicyRule`s (wildcards `*`,
 //! `*/subresource`, resource names, non-resource URL prefixes `/apis/*`).
 
-use super::authz::Attributes;
+use super::authorizer::Attributes;
 
 /// Who a rule is granted to.
 #[derive(Debug, Clone, PartialEq, Eq)]

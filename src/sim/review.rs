@@ -9,7 +9,7 @@ use hyper::body::Incoming;
 use serde_json::{Map, Value, json};
 
 use super::authn::UserInfo;
-use super::authz::{Attributes, Decision};
+use super::authorizer::{Attributes, Decision};
 use super::errors;
 use super::gojson;
 use super::protobuf;

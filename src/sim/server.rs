@@ -26,6 +26,7 @@ use tracing::Instrument;
 
 use super::authn::UserInfo;
 use super::handler::{self, ConnInfo};
+use super::shutdown::until_stopped;
 use super::state::State;
 use crate::pki::Ca;
 
@@ -134,11 +135,6 @@ async fn accept_loop(
     // Closing the listener first makes new connections fail at once.
     drop(listener);
     conns.shutdown().await;
-}
-
-/// Resolves once the server is told to stop (or its handle is gone).
-pub async fn until_stopped(mut shutdown: watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|stopped| *stopped).await;
 }
 
 async fn serve(

@@ -12,6 +12,7 @@ use hyper_util::rt::TokioIo;
 use super::object;
 use super::resources::ResourceSpec;
 use super::respond;
+use super::shutdown::until_stopped;
 use super::state::Ctx;
 use crate::body::{self, Body};
 use crate::status::Status;
@@ -104,7 +105,7 @@ pub fn upgrade(
         let (mut reader, mut writer) = tokio::io::split(io);
         tokio::select! {
             _ = tokio::io::copy(&mut reader, &mut writer) => {}
-            () = super::server::until_stopped(shutdown) => {}
+            () = until_stopped(shutdown) => {}
         }
     });
     response
