@@ -7,27 +7,24 @@
 
 pub mod admin;
 pub mod auth;
-pub mod body;
 pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod csr;
 pub mod demo;
-pub mod go;
 pub mod handler;
-pub mod kubeconfig;
 pub mod metrics;
-pub mod pki;
 pub mod proxy;
 pub mod ready;
-pub mod request;
-pub mod resource;
-pub mod selector;
 pub mod serve;
 pub mod sim;
-pub mod status;
 pub mod tls;
 pub mod upstream;
+
+// The API machinery the proxy shares with the simulated apiserver lives in
+// the `apimachinery` crate (so the simulator need not depend on the proxy);
+// re-exported under the paths the proxy has always used.
+pub use apimachinery::{body, go, kubeconfig, pki, request, resource, selector, status};
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -7,17 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+pub use apimachinery::x509::AnyClientCert;
 use parking_lot::RwLock;
-use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use rustls::{
-    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
-};
+use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::{TlsConfig, TlsVersion};
 
@@ -322,121 +319,6 @@ impl ReloadingCert {
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current.read().0.clone())
-    }
-}
-
-/// Requests client certificates and accepts any at the TLS layer, like Go's
-/// `tls.RequestClientCert` that kube-apiserver uses: whether a certificate
-/// authenticates anyone is decided after the handshake with
-/// [`AnyClientCert::verify`], so an untrusted one gets `401`, not a failed
-/// handshake. The handshake still proves the client holds the key.
-///
-/// The trusted roots can be replaced ([`AnyClientCert::set_roots`]) while
-/// the verifier is in use: handshakes and checks that start afterwards see
-/// the new ones.
-#[derive(Debug)]
-pub struct AnyClientCert {
-    provider: Arc<CryptoProvider>,
-    inner: RwLock<Arc<dyn ClientCertVerifier>>,
-}
-
-impl AnyClientCert {
-    /// Trusting `roots`.
-    ///
-    /// # Errors
-    /// When the roots are unusable.
-    pub fn new(
-        roots: RootCertStore,
-        provider: Arc<CryptoProvider>,
-    ) -> Result<AnyClientCert, rustls::server::VerifierBuilderError> {
-        let inner = Self::webpki(roots, provider.clone())?;
-        Ok(AnyClientCert {
-            provider,
-            inner: RwLock::new(inner),
-        })
-    }
-
-    fn webpki(
-        roots: RootCertStore,
-        provider: Arc<CryptoProvider>,
-    ) -> Result<Arc<dyn ClientCertVerifier>, rustls::server::VerifierBuilderError> {
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .allow_unauthenticated()
-            .build()
-    }
-
-    /// Trusts `roots` instead of the current ones.
-    ///
-    /// # Errors
-    /// When the roots are unusable; the current ones are kept.
-    pub fn set_roots(
-        &self,
-        roots: RootCertStore,
-    ) -> Result<(), rustls::server::VerifierBuilderError> {
-        let inner = Self::webpki(roots, self.provider.clone())?;
-        *self.inner.write() = inner;
-        Ok(())
-    }
-
-    fn current(&self) -> Arc<dyn ClientCertVerifier> {
-        self.inner.read().clone()
-    }
-
-    /// Whether `chain` (leaf first) chains to the roots and is valid now.
-    pub fn verify(&self, chain: &[CertificateDer<'_>]) -> bool {
-        let Some((leaf, intermediates)) = chain.split_first() else {
-            return false;
-        };
-        self.current()
-            .verify_client_cert(leaf, intermediates, UnixTime::now())
-            .is_ok()
-    }
-}
-
-impl ClientCertVerifier for AnyClientCert {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-
-    /// No hints: clients then send any certificate they hold (Go and rustls
-    /// clients do), as with kube-apiserver's empty-hint default.
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        Ok(ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.current().supported_verify_schemes()
     }
 }
 

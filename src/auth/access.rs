@@ -29,10 +29,10 @@ use crate::selector::{FieldSelector, LabelSelector, Operator};
 use crate::status::{Details, Status};
 use crate::upstream::Upstream;
 
+use super::UserInfo;
 use super::metrics::AuthMetrics;
 use super::review::{self, ReviewError};
 use super::ttl_cache::TtlCache;
-use super::user::UserInfo;
 
 /// `authorizer.Attributes`: who wants to do what.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

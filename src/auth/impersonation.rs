@@ -14,7 +14,7 @@ use crate::status::Status;
 
 use super::access::{AccessReviewer, Attributes, Decision, forbidden};
 use super::review::ReviewError;
-use super::user::{ANONYMOUS_USER, AUTHENTICATED_GROUP, UNAUTHENTICATED_GROUP, UserInfo};
+use super::{ANONYMOUS_USER, AUTHENTICATED_GROUP, UNAUTHENTICATED_GROUP, UserInfo};
 
 /// What a client asked to act as.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

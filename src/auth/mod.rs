@@ -16,9 +16,10 @@ pub mod metrics;
 pub mod review;
 pub mod token;
 pub mod ttl_cache;
-mod user;
 
-pub use user::{
+// `user.Info` is shared with the simulated apiserver (the `apimachinery`
+// crate).
+pub use apimachinery::user::{
     ANONYMOUS_USER, AUTHENTICATED_GROUP, CREDENTIAL_ID_EXTRA, UNAUTHENTICATED_GROUP, UserInfo,
 };
 

@@ -18,10 +18,10 @@ use sha2::{Digest, Sha256};
 
 use crate::upstream::Upstream;
 
+use super::UserInfo;
 use super::metrics::AuthMetrics;
 use super::review::{self, ReviewError};
 use super::ttl_cache::TtlCache;
-use super::user::UserInfo;
 
 /// What a token is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,28 +8,10 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 
+pub use apimachinery::watch::EventType;
+
 use super::filter::Filter;
 use super::object::CachedObject;
-
-/// The type of a watch event. Its discriminant (0, 1, 2) indexes
-/// per-type tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    Added,
-    Modified,
-    Deleted,
-}
-
-impl EventType {
-    /// The `type` of the JSON watch event.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::Added => "ADDED",
-            EventType::Modified => "MODIFIED",
-            EventType::Deleted => "DELETED",
-        }
-    }
-}
 
 /// One change, as held in the history.
 #[derive(Debug)]

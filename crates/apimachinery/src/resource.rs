@@ -1,5 +1,6 @@
-//! What the proxy knows about API resources: kind, scope, and which field
-//! selectors each accepts and how their values are computed.
+//! API resources as kube-apiserver knows them, for the proxy and the
+//! simulated apiserver alike: kind, scope, and which field selectors each
+//! accepts and how their values are computed.
 //!
 //! Field selectors follow the apiserver exactly. Which labels a resource
 //! accepts comes from the field-label conversion functions registered per

@@ -1,4 +1,5 @@
-//! The one response/request body type the proxy uses everywhere.
+//! The one response/request body type the proxy (and the simulated apiserver)
+//! uses everywhere.
 //!
 //! Bodies are boxed streams of `Bytes` so a pass-through body (hyper's
 //! `Incoming`), a list assembled from cached object bytes, and a watch
