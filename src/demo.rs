@@ -12,8 +12,8 @@ use crate::cli::DemoArgs;
 use crate::config::{CachedResource, Config};
 use crate::pki::Ca;
 use crate::resource::Gvr;
-use crate::sim::{Sim, SimConfig};
 use crate::{Listeners, RunError, kubeconfig};
+use kube_apiserver_sim::{Sim, SimConfig};
 
 /// Why the demo could not start.
 #[derive(Debug, thiserror::Error)]

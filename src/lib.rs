@@ -17,7 +17,6 @@ pub mod metrics;
 pub mod proxy;
 pub mod ready;
 pub mod serve;
-pub mod sim;
 pub mod tls;
 pub mod upstream;
 

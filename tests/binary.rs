@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use kube_apiserver_sim::{Sim, SimConfig};
 use kube_cache_proxy::pki::Ca;
-use kube_cache_proxy::sim::{Sim, SimConfig};
 use support::{Client, Identity};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-cache-proxy");

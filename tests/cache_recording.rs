@@ -10,7 +10,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kube_cache_proxy::sim::SimConfig;
+use kube_apiserver_sim::SimConfig;
 use serde_json::Value;
 use support::recording::{FIXTURE, Replay, RvMap};
 use support::{Env, Identity};

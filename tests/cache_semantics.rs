@@ -8,9 +8,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use http::Method;
+use kube_apiserver_sim::SimConfig;
 use kube_cache_proxy::config::CachedResource;
 use kube_cache_proxy::resource::Gvr;
-use kube_cache_proxy::sim::SimConfig;
 use serde_json::{Value, json};
 use support::{Env, Identity, Next, QUIET, SOON, WatchStream};
 

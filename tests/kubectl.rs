@@ -8,7 +8,7 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use kube_cache_proxy::sim::SimConfig;
+use kube_apiserver_sim::SimConfig;
 use serde_json::{Value, json};
 use support::kubectl::{Kubectl, kubectl_available};
 use support::{Env, Identity};

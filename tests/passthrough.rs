@@ -295,7 +295,7 @@ async fn identities_reach_upstream_as_they_should() {
     let env = passthrough_env().await;
     env.sim.add_token(
         "tok-alice",
-        kube_cache_proxy::sim::UserInfo {
+        kube_apiserver_sim::UserInfo {
             name: "alice".into(),
             groups: vec!["system:masters".into()],
             ..Default::default()
@@ -317,7 +317,7 @@ async fn identities_reach_upstream_as_they_should() {
     assert_eq!(rec.user, "alice");
     assert_eq!(rec.authenticated_user, "alice", "{rec:?}");
     assert!(!rec.impersonated);
-    assert_eq!(rec.auth_method, kube_cache_proxy::sim::AuthMethod::Token);
+    assert_eq!(rec.auth_method, kube_apiserver_sim::AuthMethod::Token);
     // A certificate user goes upstream impersonated, groups intact.
     let node = env.cert("system:node:node-1", Some("system:nodes"));
     env.proxy(node).get("/api/v1/nodes/node-1").await;

@@ -9,8 +9,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
+use kube_apiserver_sim::{AuthMethod, Rule, Subject, UserInfo};
 use kube_cache_proxy::resource::Gvr;
-use kube_cache_proxy::sim::{AuthMethod, Rule, Subject, UserInfo};
 use serde_json::{Value, json};
 use support::{Auth, Client, Env, Identity, Next, QUIET, SOON};
 
@@ -276,7 +276,7 @@ async fn decisions_are_cached_and_concurrent_misses_coalesce() {
         assert_eq!(r.status, 200);
     }
     let after = env.sim.stats();
-    let reviews = |s: &kube_cache_proxy::sim::Stats, r: &str| s.count("create", r);
+    let reviews = |s: &kube_apiserver_sim::Stats, r: &str| s.count("create", r);
     assert_eq!(
         reviews(&after, "tokenreviews") - reviews(&before, "tokenreviews"),
         1
@@ -509,7 +509,7 @@ async fn watch_allowed_then_permission_revoked_keeps_running_like_the_apiserver(
 /// the new one, as client-go's certificate rotation does.
 #[tokio::test]
 async fn a_rotated_upstream_client_certificate_is_picked_up() {
-    use kube_cache_proxy::sim::{Sim, SimConfig};
+    use kube_apiserver_sim::{Sim, SimConfig};
     let dir = support::env::tempdir();
     let pem = dir.join("proxy-client-current.pem");
     let proxy_user = SimConfig::default().proxy_user;

@@ -9,8 +9,8 @@ mod support;
 use std::time::Duration;
 use support::kubectl::{Kubectl, kubectl_available};
 
+use kube_apiserver_sim::{Sim, SimConfig};
 use kube_cache_proxy::resource::Gvr;
-use kube_cache_proxy::sim::{Sim, SimConfig};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 

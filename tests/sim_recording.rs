@@ -7,7 +7,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kube_cache_proxy::sim::{Sim, SimConfig};
+use kube_apiserver_sim::{Sim, SimConfig};
 use serde_json::Value;
 use support::recording::{FIXTURE, Replay, RvMap};
 use support::{Client, Identity};

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use http::Method;
+use kube_apiserver_sim::Sim;
 use kube_cache_proxy::resource::Gvr;
-use kube_cache_proxy::sim::Sim;
 use serde_json::{Value, json};
 
 use super::{Client, Next, QUIET, Resp, SOON};

@@ -1,7 +1,7 @@
 //! Identities of the simulated cluster, as clients of the sim itself.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kube_cache_proxy::sim::Sim;
+use kube_apiserver_sim::Sim;
 
 use super::client::{Auth, Client};
 

@@ -10,11 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use kube_apiserver_sim::{Sim, SimConfig};
 use kube_cache_proxy::Listeners;
 use kube_cache_proxy::config::{CachedResource, Config};
 use kube_cache_proxy::pki::Ca;
 use kube_cache_proxy::resource::Gvr;
-use kube_cache_proxy::sim::{Sim, SimConfig};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;

@@ -15,7 +15,7 @@ use super::authn::{AUTHENTICATED, UNAUTHENTICATED};
 use super::errors::go_quote;
 use super::node_authz::{self, NodeGraph};
 use super::rbac::{Rule, Subject};
-use crate::status::{Details, Status, qualified_resource};
+use apimachinery::status::{Details, Status, qualified_resource};
 
 /// `system:masters`: allowed everything.
 pub const MASTERS: &str = "system:masters";

@@ -23,8 +23,8 @@ use super::respond;
 use super::selection::Selection;
 use super::state::Ctx;
 use super::write::{self, Preconditions, Target};
-use crate::body::Body;
-use crate::status::Status;
+use apimachinery::body::Body;
+use apimachinery::status::Status;
 
 /// The apiserver's request body limit (3 MiB).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;

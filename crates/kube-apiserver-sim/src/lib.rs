@@ -1,7 +1,9 @@
-//! A simulated kube-apiserver for tests, benchmarks and the demo.
+//! A simulated kube-apiserver for kube-cache-proxy's tests, benchmarks, load
+//! tool (`kcp-load`) and demo.
 //!
 //! It serves HTTPS on 127.0.0.1 with its own CA and answers like the
-//! recorded kube-apiserver v1.36 (`tests/fixtures/real-apiserver-v1.36.json`):
+//! recorded kube-apiserver v1.36 (the repository's
+//! `tests/fixtures/real-apiserver-v1.36.json`):
 //! lists, gets and watches with the apiserver's resourceVersion semantics,
 //! pagination and errors; writes; discovery; authentication by client
 //! certificate or bearer token, impersonation, and an authorizer with the
@@ -9,9 +11,14 @@
 //! can inject faults (dropped watches, compaction, the server going down)
 //! and read what it was asked ([`Sim::stats`], [`Sim::requests`]).
 //!
+//! It is its own crate so that the proxy's production binary can be built
+//! without it. It depends on the `apimachinery` crate for what it shares
+//! with the proxy (`Status`, selectors, resources, request and user info),
+//! never on the proxy.
+//!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
-//! use kube_cache_proxy::sim::{Sim, SimConfig};
+//! use kube_apiserver_sim::{Sim, SimConfig};
 //! let sim = Sim::start(SimConfig::default()).await?;
 //! let kubeconfig = sim.kubeconfig("admin", Some("system:masters"));
 //! # let _ = kubeconfig;
@@ -22,11 +29,13 @@
 // boxing it on every path would only add noise to a test server whose
 // error paths are not hot.
 #![allow(clippy::result_large_err)]
+#![forbid(unsafe_code)]
 
 mod accept;
 mod authn;
 mod authorizer;
 mod authz;
+mod config;
 mod continue_token;
 mod discovery;
 mod errors;
@@ -61,61 +70,25 @@ mod write_http;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::Value;
 
-pub use crate::go::{GoFormatter, to_line as go_json_line, to_vec as go_json};
+pub use apimachinery::go::{GoFormatter, to_line as go_json_line, to_vec as go_json};
 pub use authn::{AuthMethod, UserInfo};
 pub use authorizer::{Attributes, Decision};
 pub use authz::Policy;
+pub use config::SimConfig;
 pub use rbac::{Rule, Subject};
 pub use resources::ResourceSpec;
 pub use stats::{RequestRecord, Stats};
 
-use crate::pki::{self, Ca};
-use crate::resource::Gvr;
-use crate::status::Status;
+use apimachinery::pki::{self, Ca};
+use apimachinery::resource::Gvr;
+use apimachinery::status::Status;
 use server::Server;
 use state::State;
 use write::{Preconditions, Target};
-
-/// How the sim behaves.
-#[derive(Debug, Clone)]
-pub struct SimConfig {
-    /// The global resourceVersion before the first write. Default 100.
-    pub initial_resource_version: u64,
-    /// Events kept per resource; watches and exact lists from older RVs get
-    /// 410. Default 1000.
-    pub history_limit: usize,
-    /// How often an idle watch with `allowWatchBookmarks` gets a bookmark
-    /// (the apiserver's is one minute). Default 60 s.
-    pub bookmark_interval: Duration,
-    /// How long a read with a resourceVersion newer than the store waits
-    /// before its 504 (the apiserver's `blockTimeout`). Default 3 s.
-    pub too_large_rv_wait: Duration,
-    /// Whether requests without credentials are `system:anonymous`
-    /// (otherwise 401). Default true.
-    pub anonymous_auth: bool,
-    /// The user the proxy authenticates as upstream; it may read
-    /// everything, create token and access reviews, and impersonate.
-    /// Default `system:serviceaccount:kube-system:kube-cache-proxy`.
-    pub proxy_user: String,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        SimConfig {
-            initial_resource_version: 100,
-            history_limit: 1000,
-            bookmark_interval: Duration::from_secs(60),
-            too_large_rv_wait: Duration::from_secs(3),
-            anonymous_auth: true,
-            proxy_user: "system:serviceaccount:kube-system:kube-cache-proxy".to_string(),
-        }
-    }
-}
 
 /// A running simulated apiserver. Dropping it stops the server.
 #[derive(Debug)]
@@ -191,7 +164,7 @@ impl Sim {
     /// certificate for `user` in `group` embedded.
     pub fn kubeconfig(&self, user: &str, group: Option<&str>) -> String {
         let issued = self.issue_client(user, group);
-        crate::kubeconfig::with_certificate(
+        apimachinery::kubeconfig::with_certificate(
             &self.url(),
             &self.ca_pem(),
             user,
@@ -202,7 +175,7 @@ impl Sim {
 
     /// A kubeconfig (YAML) authenticating with bearer `token`.
     pub fn kubeconfig_with_token(&self, token: &str) -> String {
-        crate::kubeconfig::with_token(&self.url(), &self.ca_pem(), token)
+        apimachinery::kubeconfig::with_token(&self.url(), &self.ca_pem(), token)
     }
 
     /// Accepts bearer `token` as `user` (also in TokenReviews).

@@ -1,12 +1,12 @@
 //! The `Status` errors the sim answers with, beyond the constructors in
-//! `crate::status`, each mirroring an `apierrors.New...` of
+//! `apimachinery::status`, each mirroring an `apierrors.New...` of
 //! `k8s.io/apimachinery/pkg/api/errors` (message shape, reason, details).
 
 use http::StatusCode;
 
-use crate::status::{Cause, Details, Status, qualified_resource};
+use apimachinery::status::{Cause, Details, Status, qualified_resource};
 
-pub use crate::go::quote as go_quote;
+pub use apimachinery::go::quote as go_quote;
 
 /// `409 AlreadyExists`: `configmaps "x" already exists`.
 pub fn already_exists(group: &str, resource: &str, name: &str) -> Status {

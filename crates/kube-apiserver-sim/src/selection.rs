@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::object;
 use super::resources::ResourceSpec;
 use super::store::Attrs;
-use crate::selector::{FieldSelector, LabelSelector};
+use apimachinery::selector::{FieldSelector, LabelSelector};
 
 /// A list's or watch's selection.
 #[derive(Debug, Clone)]

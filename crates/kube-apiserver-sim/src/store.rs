@@ -19,9 +19,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::object;
 use super::resources::ResourceSpec;
-use crate::status::Status;
+use apimachinery::status::Status;
 
-pub use crate::cache::event::EventType;
+pub use apimachinery::watch::EventType;
 
 /// One change to one object.
 #[derive(Debug)]

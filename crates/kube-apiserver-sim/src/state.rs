@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::SimConfig;
 use super::authn::{Tokens, UserInfo};
 use super::authz::Policy;
+use super::config::SimConfig;
 use super::resources::Registry;
 use super::stats::Collector;
 use super::store::Store;
-use crate::pki::Ca;
-use crate::request::RequestInfo;
+use apimachinery::pki::Ca;
+use apimachinery::request::RequestInfo;
 
 /// Everything the server and the `Sim` handle share.
 #[derive(Debug)]
@@ -22,7 +22,7 @@ pub struct State {
     pub ca: Ca,
     /// Decides, after the handshake, whether a client certificate
     /// authenticates anyone.
-    pub client_certs: Arc<crate::tls::AnyClientCert>,
+    pub client_certs: Arc<apimachinery::x509::AnyClientCert>,
     pub store: Store,
     pub registry: Registry,
     pub tokens: Tokens,

@@ -14,8 +14,8 @@ use super::resources::ResourceSpec;
 use super::respond;
 use super::shutdown::until_stopped;
 use super::state::Ctx;
-use crate::body::{self, Body};
-use crate::status::Status;
+use apimachinery::body::{self, Body};
+use apimachinery::status::Status;
 
 const WEBSOCKET_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 

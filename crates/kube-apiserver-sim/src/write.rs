@@ -11,8 +11,8 @@ use super::errors::{self, MODIFIED, go_quote};
 use super::object;
 use super::resources::ResourceSpec;
 use super::store::{Mutation, Store};
-use crate::selector::is_dns1123_subdomain;
-use crate::status::{Cause, Status};
+use apimachinery::selector::is_dns1123_subdomain;
+use apimachinery::status::{Cause, Status};
 
 /// What an update replaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

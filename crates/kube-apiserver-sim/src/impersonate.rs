@@ -12,7 +12,7 @@ use super::authn::{ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED, UserInfo};
 use super::authorizer::{Attributes, Decision};
 use super::authz::{Policy, forbidden};
 use super::node_authz::NodeGraph;
-use crate::status::Status;
+use apimachinery::status::Status;
 
 const USER: &str = "impersonate-user";
 const GROUP: &str = "impersonate-group";
@@ -209,8 +209,8 @@ pub fn impersonate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::node_authz::RefKind;
-    use crate::sim::rbac::{Rule, Subject};
+    use crate::node_authz::RefKind;
+    use crate::rbac::{Rule, Subject};
 
     struct NoGraph;
     impl NodeGraph for NoGraph {

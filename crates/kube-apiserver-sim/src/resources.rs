@@ -1,11 +1,11 @@
-//! The resources the sim serves: every `crate::resource::BUILT_INS` entry
+//! The resources the sim serves: every `apimachinery::resource::BUILT_INS` entry
 //! plus those registered at run time (custom resources).
 
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::resource::{BUILT_INS, FieldSet, Gvr, is_built_in_group};
+use apimachinery::resource::{BUILT_INS, FieldSet, Gvr, is_built_in_group};
 
 /// A served resource.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,9 +7,9 @@ use http::{HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::body::{self, Body};
-use crate::go as json;
-use crate::status::Status;
+use apimachinery::body::{self, Body};
+use apimachinery::go as json;
+use apimachinery::status::Status;
 
 /// `value` as the apiserver's JSON serializer writes it, with `code`.
 pub fn json<T: Serialize + ?Sized>(code: StatusCode, value: &T) -> Response<Body> {
@@ -41,7 +41,7 @@ pub fn status(status: Status) -> Response<Body> {
 }
 
 /// A `Status` error whose `metadata.continue` is set (an expired continue
-/// token answered with a fresh one), which `crate::status::Status` cannot
+/// token answered with a fresh one), which `apimachinery::status::Status` cannot
 /// carry.
 pub fn status_with_continue(status: Status, token: &str) -> Response<Body> {
     let code = status.status_code();

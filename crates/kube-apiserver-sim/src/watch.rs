@@ -28,10 +28,10 @@ use super::state::{Ctx, State};
 use super::stats::WatchGuard;
 use super::store::{Event, EventType, Initial, TooOld, WATCHER_QUEUE, WatchFrom};
 use super::table;
-use crate::body::{self, Body, BoxError};
-use crate::go as json;
-use crate::selector::{FieldRequirement, FieldSelector};
-use crate::status::Status;
+use apimachinery::body::{self, Body, BoxError};
+use apimachinery::go as json;
+use apimachinery::selector::{FieldRequirement, FieldSelector};
+use apimachinery::status::Status;
 
 /// The annotation marking the end of a streaming list's initial events.
 pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";

@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn configmap_rows() {
         let spec = ResourceSpec::new("", "v1", "configmaps", "ConfigMap", true);
-        let cm = json!({"metadata": {"name": "cm-0", "creationTimestamp": crate::sim::object::now_rfc3339()}, "data": {"k": "0"}});
+        let cm = json!({"metadata": {"name": "cm-0", "creationTimestamp": crate::object::now_rfc3339()}, "data": {"k": "0"}});
         let r = row(&spec, &cm, "", "v1");
         assert_eq!(r["cells"][0], "cm-0");
         assert_eq!(r["cells"][1], 1);

@@ -8,8 +8,8 @@
 //! at it.
 
 use super::authn::UserInfo;
-use crate::request::RequestInfo;
-use crate::selector::{FieldRequirement, FieldSelector, LabelSelector, Requirement};
+use apimachinery::request::RequestInfo;
+use apimachinery::selector::{FieldRequirement, FieldSelector, LabelSelector, Requirement};
 
 /// What is being asked, as `authorizer.Attributes`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use http::HeaderMap;
 use parking_lot::RwLock;
 
-pub use crate::auth::UserInfo;
+pub use apimachinery::user::UserInfo;
 /// `system:authenticated`.
-pub const AUTHENTICATED: &str = crate::auth::AUTHENTICATED_GROUP;
+pub const AUTHENTICATED: &str = apimachinery::user::AUTHENTICATED_GROUP;
 /// `system:unauthenticated`.
-pub const UNAUTHENTICATED: &str = crate::auth::UNAUTHENTICATED_GROUP;
+pub const UNAUTHENTICATED: &str = apimachinery::user::UNAUTHENTICATED_GROUP;
 /// `system:anonymous`.
-pub const ANONYMOUS: &str = crate::auth::ANONYMOUS_USER;
+pub const ANONYMOUS: &str = apimachinery::user::ANONYMOUS_USER;
 
 /// How a request authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,7 +146,7 @@ mod tests {
 
     #[test]
     fn certificate_subject_maps_to_user() {
-        let ca = crate::pki::Ca::new("ca").unwrap();
+        let ca = apimachinery::pki::Ca::new("ca").unwrap();
         let issued = ca
             .issue_client("system:node:n1", Some("system:nodes"))
             .unwrap();
@@ -157,6 +157,6 @@ mod tests {
             (u.name.as_str(), u.groups.as_slice()),
             ("system:node:n1", &["system:nodes".to_string()][..])
         );
-        assert!(u.extra[crate::auth::CREDENTIAL_ID_EXTRA][0].starts_with("X509SHA256="));
+        assert!(u.extra[apimachinery::user::CREDENTIAL_ID_EXTRA][0].starts_with("X509SHA256="));
     }
 }

@@ -2,9 +2,9 @@
 //! defaulting, and `ValidateListOptions` (422s), in the apiserver's order.
 //! See `/tmp/research/listwatch.md` §1.
 
-use crate::resource::FieldSet;
-use crate::selector::{FieldSelector, LabelSelector};
-use crate::status::{Cause, Status};
+use apimachinery::resource::FieldSet;
+use apimachinery::selector::{FieldSelector, LabelSelector};
+use apimachinery::status::{Cause, Status};
 
 /// `resourceVersionMatch=NotOlderThan`.
 pub const NOT_OLDER_THAN: &str = "NotOlderThan";

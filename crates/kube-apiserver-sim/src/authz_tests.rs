@@ -1,9 +1,9 @@
 //! Unit tests of `authz`.
 
 use super::*;
-use crate::request::RequestInfo;
-use crate::sim::authn::UserInfo;
-use crate::sim::node_authz::RefKind;
+use crate::authn::UserInfo;
+use crate::node_authz::RefKind;
+use apimachinery::request::RequestInfo;
 use http::Method;
 
 struct Graph;

@@ -9,8 +9,8 @@ use super::openapi;
 use super::resources::ResourceSpec;
 use super::respond;
 use super::state::Ctx;
-use crate::body::Body;
-use crate::status::Status;
+use apimachinery::body::Body;
+use apimachinery::status::Status;
 
 /// `/version` of the recorded apiserver (`meta.server` of the recording).
 pub fn version_info() -> Value {

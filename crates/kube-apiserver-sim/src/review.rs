@@ -16,9 +16,9 @@ use super::protobuf;
 use super::respond;
 use super::state::Ctx;
 use super::write_http::read_body;
-use crate::body::Body;
-use crate::selector::{FieldRequirement, LabelSelector, Operator, Requirement};
-use crate::status::{Cause, Status};
+use apimachinery::body::Body;
+use apimachinery::selector::{FieldRequirement, LabelSelector, Operator, Requirement};
+use apimachinery::status::{Cause, Status};
 
 /// The audiences the sim's tokens are valid for when a review names none
 /// (kube-apiserver's default `--api-audiences`).
@@ -267,7 +267,7 @@ fn field_requirements(sel: Option<&Value>) -> Vec<FieldRequirement> {
             })
             .collect();
     }
-    crate::selector::FieldSelector::parse(&s(sel, "rawSelector"))
+    apimachinery::selector::FieldSelector::parse(&s(sel, "rawSelector"))
         .map(|f| f.terms().to_vec())
         .unwrap_or_default()
 }

@@ -18,8 +18,8 @@ use super::selection::Selection;
 use super::state::Ctx;
 use super::store::TooOld;
 use super::table;
-use crate::body::Body;
-use crate::status::Status;
+use apimachinery::body::Body;
+use apimachinery::status::Status;
 
 /// etcd's message for an exact list below the compacted revision.
 const EXPIRED: &str = "The resourceVersion for the provided list is too old.";

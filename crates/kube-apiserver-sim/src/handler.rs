@@ -25,9 +25,9 @@ use super::stats::RequestRecord;
 use super::stream;
 use super::watch as watch_handler;
 use super::write_http;
-use crate::body::Body;
-use crate::request::RequestInfo;
-use crate::status::Status;
+use apimachinery::body::Body;
+use apimachinery::request::RequestInfo;
+use apimachinery::status::Status;
 
 /// Per-connection facts the handler needs.
 #[derive(Debug, Clone)]

@@ -14,8 +14,8 @@ use super::resources::ResourceSpec;
 use super::respond;
 use super::state::Ctx;
 use super::table;
-use crate::body::Body;
-use crate::status::Status;
+use apimachinery::body::Body;
+use apimachinery::status::Status;
 
 /// Serves `GET .../<resource>/<name>` (and `.../<name>/status`).
 pub async fn get(

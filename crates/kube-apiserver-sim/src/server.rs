@@ -15,7 +15,7 @@ use hyper_util::server::conn::auto;
 use rustls::RootCertStore;
 use rustls::server::ServerConfig;
 
-use crate::tls::AnyClientCert;
+use apimachinery::x509::AnyClientCert;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -28,7 +28,7 @@ use super::authn::UserInfo;
 use super::handler::{self, ConnInfo};
 use super::shutdown::until_stopped;
 use super::state::State;
-use crate::pki::Ca;
+use apimachinery::pki::Ca;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

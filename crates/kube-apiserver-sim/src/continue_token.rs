@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::gojson;
-use crate::go as json;
+use apimachinery::go as json;
 
 const VERSION: &str = "meta.k8s.io/v1";
 const INVALID: &str = "continue key is not valid";
