@@ -27,7 +27,7 @@ use kube_cache_proxy::resource::FieldSet;
 use kube_cache_proxy::selector::{FieldSelector, LabelSelector};
 use tokio::sync::mpsc;
 
-#[path = "../src/bin/kcp_load/fixtures.rs"]
+#[path = "../crates/kcp-load/src/fixtures.rs"]
 mod fixtures;
 
 const NAMESPACE: &str = "default";

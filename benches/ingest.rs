@@ -11,7 +11,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::resource::FieldSet;
 
-#[path = "../src/bin/kcp_load/fixtures.rs"]
+#[path = "../crates/kcp-load/src/fixtures.rs"]
 mod fixtures;
 
 fn ingest(c: &mut Criterion) {

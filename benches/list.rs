@@ -20,7 +20,7 @@ use kube_cache_proxy::cache::store::Objects;
 use kube_cache_proxy::resource::{FieldSet, Gvr};
 use kube_cache_proxy::selector::{FieldSelector, LabelSelector};
 
-#[path = "../src/bin/kcp_load/fixtures.rs"]
+#[path = "../crates/kcp-load/src/fixtures.rs"]
 mod fixtures;
 
 const PODS: usize = 10_000;

@@ -14,7 +14,7 @@ use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::resource::FieldSet;
 use kube_cache_proxy::selector::{FieldSelector, LabelSelector};
 
-#[path = "../src/bin/kcp_load/fixtures.rs"]
+#[path = "../crates/kcp-load/src/fixtures.rs"]
 mod fixtures;
 
 const LABELS: &[(&str, &str)] = &[

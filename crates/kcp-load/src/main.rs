@@ -20,13 +20,9 @@
 //!
 //! `docs/performance.md` has the commands and figures.
 
-#[path = "kcp_load/client.rs"]
 mod client;
-#[path = "kcp_load/env.rs"]
 mod env;
-#[path = "kcp_load/fixtures.rs"]
 mod fixtures;
-#[path = "kcp_load/stats.rs"]
 mod stats;
 
 use std::path::PathBuf;

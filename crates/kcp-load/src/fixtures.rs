@@ -4,8 +4,8 @@
 //! `managedFields`, a projected service-account volume, tolerations and
 //! container statuses, as a real scheduled pod.
 //!
-//! Shared with the benches through `#[path]`, so it depends on nothing but
-//! `std`.
+//! Shared with the proxy's benches (`benches/` at the workspace root)
+//! through `#[path]`, so it depends on nothing but `std`.
 #![allow(dead_code)]
 
 /// A pod as kube-apiserver serves it, `@X@` placeholders filled by [`pod`].
