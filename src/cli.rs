@@ -29,6 +29,7 @@ pub enum Command {
     Serve(ServeArgs),
     /// Start a simulated kube-apiserver with sample objects and the proxy in
     /// front of it, and print the kubeconfig and curl lines to reach it.
+    #[cfg(feature = "demo")]
     Demo(DemoArgs),
 }
 
@@ -82,6 +83,7 @@ pub struct ServeArgs {
 }
 
 /// Flags of `demo`.
+#[cfg(feature = "demo")]
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// Address (host:port) of the proxy's HTTPS listener.

@@ -11,6 +11,9 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod csr;
+// Only with the `demo` feature, which brings in the simulated apiserver;
+// the production image is built without it.
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod handler;
 pub mod metrics;

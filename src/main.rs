@@ -37,6 +37,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        #[cfg(feature = "demo")]
         Some(Command::Demo(args)) => runtime
             .block_on(kube_cache_proxy::demo::run(args, shutdown_signal()))
             .map_err(anyhow::Error::from),

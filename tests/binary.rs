@@ -48,10 +48,15 @@ fn help_documents_every_flag() {
         "--shutdown-grace-period-seconds",
         "--node-name",
         "--log-format",
-        "demo",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
+    // The demo subcommand exists exactly when the binary has the simulator.
+    assert_eq!(
+        help.contains("\n  demo "),
+        cfg!(feature = "demo"),
+        "demo subcommand vs feature:\n{help}"
+    );
 }
 
 #[test]
