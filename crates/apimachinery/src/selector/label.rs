@@ -32,9 +32,9 @@ pub enum Operator {
 }
 
 impl Operator {
-    /// The operator as `selection.Operator` spells it (also the
-    /// `LabelSelectorRequirement` operator in SubjectAccessReviews, once
-    /// mapped by [`Operator::sar_operator`]).
+    /// The operator as `selection.Operator` spells it (SubjectAccessReviews
+    /// spell them as `LabelSelectorRequirement` operators instead; the
+    /// proxy maps them in `auth/access.rs`).
     pub fn as_str(self) -> &'static str {
         match self {
             Operator::Equals => "=",
