@@ -11,7 +11,7 @@
 //! | RV `N`, NotOlderThan | once the cache RV ≥ N; after 3 s, `504` with `Retry-After` |
 //! | RV `N`, Exact (or `limit` with RV `N`) | the state at N rebuilt from history; older than history: pass through |
 //! | `continue` | the page at the token's RV, as above |
-//! | watch from `N` | history after N; older than history: `ERROR` `410 Expired` |
+//! | watch from `N` | history after N; older than history: pass through (upstream replays or answers `410`) |
 //! | watch, `sendInitialEvents` | snapshot, `k8s.io/initial-events-end` bookmark, changes |
 //!
 //! Consistent reads. An unset RV promises a result that reflects every
@@ -276,7 +276,10 @@ async fn serve_list(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read
         let Ok(rv) = u64::try_from(token.rv) else {
             return Answer::PassThrough("continue token at latest");
         };
-        return exact_list(cache, &filter, &prefix, Some(&token.start), opts.limit, rv).await;
+        // The apiserver's cache ignores `limit` for RV "0", continued or not
+        // (`computeListLimit` in staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go).
+        let limit = if rv_param == Some("0") { 0 } else { opts.limit };
+        return exact_list(cache, &filter, &prefix, Some(&token.start), limit, rv).await;
     }
 
     let parsed = match rv_param.map(query::parse_resource_version).transpose() {
@@ -412,9 +415,9 @@ async fn serve_watch(
     };
     match watcher::start(cache.clone(), params, shutdown.clone()) {
         Ok(resp) => Answer::Served(resp),
-        Err(too_old) => Answer::Served(watcher::error_response(&Status::expired(format!(
-            "too old resource version: {} ({})",
-            too_old.requested, too_old.floor
-        )))),
+        // Events between N and the cache's oldest are unknown here; upstream
+        // may still hold them (its watch cache often reaches further back),
+        // and answers `410 Expired` itself when it does not.
+        Err(_too_old) => Answer::PassThrough("resourceVersion older than the cache"),
     }
 }
