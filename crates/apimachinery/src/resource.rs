@@ -284,6 +284,14 @@ pub const BUILT_INS: &[BuiltIn] = &[
     b(
         "networking.k8s.io",
         "v1",
+        "servicecidrs",
+        "ServiceCIDR",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "networking.k8s.io",
+        "v1",
         "ingressclasses",
         "IngressClass",
         false,

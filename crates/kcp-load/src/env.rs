@@ -359,6 +359,7 @@ fn proxy_yaml(
         ("node.k8s.io", "runtimeclasses"),
         ("storage.k8s.io", "csidrivers"),
         ("storage.k8s.io", "csinodes"),
+        ("networking.k8s.io", "servicecidrs"),
         ("", "configmaps"),
     ] {
         resources.push_str(&format!(
