@@ -2,8 +2,10 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod differential;
 pub mod env;
 pub mod kubectl;
+pub mod real;
 pub mod recording;
 pub mod sim;
 

@@ -1,0 +1,257 @@
+//! The real-control-plane tier: the proxy (`kube_cache_proxy::run`, over
+//! real sockets and TLS) in front of a real kube-apiserver v1.36 and etcd
+//! started by `kube-testenv`, one control plane per test binary.
+//!
+//! Where no control plane is available, [`RealEnv::start`] returns `None`
+//! (after `kube-testenv` printed why, once) and the test returns early.
+//! Tests share the control plane, so each works in its own namespace and
+//! labels the cluster-scoped objects it makes with its own name.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kube_cache_proxy::config::Config;
+use kube_cache_proxy::pki::Ca;
+use kube_testenv::ControlPlane;
+use serde_json::{Value, json};
+
+use super::client::{Auth, Client, Resp};
+use super::env::{Running, tempdir};
+
+/// A real control plane and the proxy in front of it.
+pub struct RealEnv {
+    pub cp: &'static ControlPlane,
+    pub dir: PathBuf,
+    pub proxy_url: String,
+    pub proxy_ca_pem: String,
+    pub proxy_ca: Ca,
+    pub config: Config,
+    pub running: Running,
+}
+
+/// The proxy's test configuration in front of `cp`, acting upstream as
+/// `admin` (files written in `dir`).
+pub fn proxy_config(cp: &ControlPlane, dir: &std::path::Path, proxy_ca: &Ca) -> Config {
+    let serving = proxy_ca
+        .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let mut config = Config {
+        listen: "127.0.0.1:0".into(),
+        admin_listen: "127.0.0.1:0".into(),
+        shutdown_grace_period_seconds: 2,
+        ..Config::default()
+    };
+    config.tls.cert_file = Some(write("tls.crt", &serving.cert_pem));
+    config.tls.private_key_file = Some(write("tls.key", &serving.key_pem));
+    config.tls.client_ca_file = Some(write("client-ca.crt", &cp.ca_pem()));
+    config.upstream.kubeconfig = Some(write(
+        "upstream.kubeconfig",
+        &cp.kubeconfig_text(&cp.url(), "admin", cp.admin()),
+    ));
+    config.cache.ready_wait_milliseconds = 10_000;
+    config
+}
+
+impl RealEnv {
+    /// The shared control plane and a proxy with the test configuration;
+    /// `None` where there is no control plane (the test skips).
+    pub async fn start() -> Option<RealEnv> {
+        RealEnv::start_with(|_| {}).await
+    }
+
+    /// Like [`RealEnv::start`], with the configuration adjusted by
+    /// `customize`.
+    pub async fn start_with(customize: impl FnOnce(&mut Config)) -> Option<RealEnv> {
+        let cp = ControlPlane::shared().await?;
+        let dir = tempdir();
+        let proxy_ca = Ca::new("kube-cache-proxy-test-ca").unwrap();
+        let mut config = proxy_config(cp, &dir, &proxy_ca);
+        customize(&mut config);
+        let running = Running::start(&config).await;
+        running.ready().await;
+        Some(RealEnv {
+            cp,
+            dir,
+            proxy_url: running.url.clone(),
+            proxy_ca_pem: proxy_ca.cert_pem(),
+            proxy_ca,
+            config,
+            running,
+        })
+    }
+
+    /// `CN=admin, O=system:masters`.
+    pub fn admin(&self) -> Auth {
+        Auth::Cert(self.cp.admin().clone())
+    }
+
+    /// A client certificate issued by the cluster CA.
+    pub fn cert(&self, user: &str, group: Option<&str>) -> Auth {
+        Auth::Cert(self.cp.issue_client(user, group).unwrap())
+    }
+
+    /// `CN=system:node:<name>, O=system:nodes`.
+    pub fn node(&self, name: &str) -> Auth {
+        self.cert(&format!("system:node:{name}"), Some("system:nodes"))
+    }
+
+    /// A client of the apiserver directly (HTTP/1.1).
+    pub fn direct(&self, auth: Auth) -> Client {
+        Client::new(&self.cp.url(), &self.cp.ca_pem(), auth, false)
+    }
+
+    /// A client of the proxy (HTTP/1.1).
+    pub fn proxy(&self, auth: Auth) -> Client {
+        Client::new(&self.proxy_url, &self.proxy_ca_pem, auth, false)
+    }
+
+    /// A client of the proxy (HTTP/2).
+    pub fn proxy_h2(&self, auth: Auth) -> Client {
+        Client::new(&self.proxy_url, &self.proxy_ca_pem, auth, true)
+    }
+
+    /// The admin client of the apiserver directly.
+    pub fn apiserver(&self) -> Client {
+        self.direct(self.admin())
+    }
+
+    /// A kubeconfig file reaching the proxy with a client certificate.
+    pub fn proxy_kubeconfig(&self, name: &str, user: &str, group: Option<&str>) -> PathBuf {
+        let cert = self.cp.issue_client(user, group).unwrap();
+        let text = kube_cache_proxy::kubeconfig::with_certificate(
+            &self.proxy_url,
+            &self.proxy_ca_pem,
+            user,
+            &cert.cert_pem,
+            &cert.key_pem,
+        );
+        let path = self.dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// The proxy's metrics text.
+    pub async fn proxy_metrics(&self) -> String {
+        let (status, body) = self.running.admin_get("/metrics").await;
+        assert_eq!(status, 200);
+        body
+    }
+
+    /// The apiserver's metrics text.
+    pub async fn apiserver_metrics(&self) -> String {
+        let r = self.apiserver().get("/metrics").await;
+        assert_eq!(r.status, 200);
+        r.text()
+    }
+
+    /// Creates a namespace with a `default` ServiceAccount (no
+    /// kube-controller-manager runs to make one) and returns its name.
+    pub async fn namespace(&self, name: &str) -> String {
+        let admin = self.apiserver();
+        let r = admin
+            .post_json(
+                "/api/v1/namespaces",
+                &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+            )
+            .await;
+        assert!(
+            r.status == 201 || r.status == 409,
+            "namespace {name}: {}",
+            r.text()
+        );
+        let r = admin
+            .post_json(
+                &format!("/api/v1/namespaces/{name}/serviceaccounts"),
+                &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+            )
+            .await;
+        assert!(
+            r.status == 201 || r.status == 409,
+            "default sa: {}",
+            r.text()
+        );
+        name.to_string()
+    }
+
+    /// Creates `obj` at `path` as admin, directly; returns it.
+    pub async fn create(&self, path: &str, obj: Value) -> Value {
+        let r = self.apiserver().post_json(path, &obj).await;
+        assert_eq!(r.status, 201, "create at {path}: {}", r.text());
+        r.json()
+    }
+
+    /// A ServiceAccount token (TokenRequest) for `namespace/name`, with
+    /// `audiences` (empty: the apiserver's).
+    pub async fn token(&self, namespace: &str, name: &str, audiences: &[&str]) -> String {
+        let r = self
+            .apiserver()
+            .post_json(
+                &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"),
+                &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": {"audiences": audiences, "expirationSeconds": 3600}}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "token: {}", r.text());
+        r.json()["status"]["token"].as_str().unwrap().to_string()
+    }
+
+    /// The current resourceVersion of the apiserver (a consistent list).
+    pub async fn current_rv(&self) -> u64 {
+        let r = self.apiserver().get("/api/v1/namespaces?limit=1").await;
+        r.json()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, for at most
+/// `timeout`; panics with `what` otherwise.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The sum of a metric's samples whose labels include every `label=value`
+/// pair in `labels` (Prometheus text format).
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if n != name {
+                return None;
+            }
+            let matches = labels
+                .iter()
+                .all(|(k, v)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+            matches.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
+/// A response's body as JSON, or `Value::Null` when it is not JSON.
+pub fn json_or_null(r: &Resp) -> Value {
+    serde_json::from_slice(&r.body).unwrap_or(Value::Null)
+}
