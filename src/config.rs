@@ -113,8 +113,10 @@ impl Default for AnonymousConfig {
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TokenReviewConfig {
     /// How long an authenticated token is trusted, in seconds (never past
-    /// a JWT's own expiry). Default 120, kube-apiserver's
-    /// `--authentication-token-webhook-cache-ttl`.
+    /// a JWT's own expiry). Default 10: a deleted ServiceAccount's or
+    /// revoked token stops working through the proxy within seconds, as it
+    /// does at the apiserver (which verifies its own tokens at once),
+    /// rather than after kube-apiserver's webhook default of 120 s.
     pub cache_ttl_seconds: u64,
     /// How long a rejected token stays rejected, in seconds. Default 10.
     pub failure_cache_ttl_seconds: u64,
@@ -125,7 +127,7 @@ pub struct TokenReviewConfig {
 impl Default for TokenReviewConfig {
     fn default() -> Self {
         TokenReviewConfig {
-            cache_ttl_seconds: 120,
+            cache_ttl_seconds: 10,
             failure_cache_ttl_seconds: 10,
             cache_size: 10_000,
         }
@@ -144,11 +146,13 @@ pub struct AuthorizationConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct SubjectAccessReviewConfig {
-    /// How long an allowed decision is reused, in seconds. Default 300, as
-    /// kube-apiserver's `--authorization-webhook-cache-authorized-ttl`.
+    /// How long an allowed decision is reused, in seconds. Default 5: a
+    /// revoked RoleBinding stops cached reads within seconds, as the
+    /// apiserver's own RBAC evaluation does at once (not the 300 s of
+    /// kube-apiserver's `--authorization-webhook-cache-authorized-ttl`).
     pub allowed_cache_ttl_seconds: u64,
-    /// How long a denied decision is reused, in seconds. Default 30, as
-    /// `--authorization-webhook-cache-unauthorized-ttl`.
+    /// How long a denied decision is reused, in seconds. Default 10: a new
+    /// grant takes effect within seconds.
     pub denied_cache_ttl_seconds: u64,
     /// Most decisions cached. Default 10000.
     pub cache_size: u64,
@@ -157,8 +161,8 @@ pub struct SubjectAccessReviewConfig {
 impl Default for SubjectAccessReviewConfig {
     fn default() -> Self {
         SubjectAccessReviewConfig {
-            allowed_cache_ttl_seconds: 300,
-            denied_cache_ttl_seconds: 30,
+            allowed_cache_ttl_seconds: 5,
+            denied_cache_ttl_seconds: 10,
             cache_size: 10_000,
         }
     }

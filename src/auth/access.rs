@@ -9,8 +9,9 @@
 //! Node authorizer lets kubelet watch only its own node's pods.
 //!
 //! Decisions are cached by the digest of the whole review spec, like the
-//! apiserver's webhook authorizer: allowed for 5 minutes, denied for 30
-//! seconds by default; errors are not cached; concurrent misses for the
+//! apiserver's webhook authorizer, but for 5 seconds (allowed) and 10
+//! seconds (denied) by default (not its 5 minutes and 30 s: a revocation must reach cached reads
+//! within seconds); errors are not cached; concurrent misses for the
 //! same spec make one call.
 
 use std::time::{Duration, Instant};
