@@ -134,7 +134,11 @@ impl Handler {
         // The user the request acts as, once known.
         let mut identity: Option<UserInfo> = None;
         if let Some(cache) = self.cache_for(&req, info) {
-            match self.auth.identify(&credential, req.headers()).await {
+            match self
+                .auth
+                .identify(&credential, req.headers(), info, req.uri().query())
+                .await
+            {
                 Ok(user) => {
                     let attrs = Attributes::for_request(&user, info, req.uri().query());
                     identity = Some(user);
@@ -210,7 +214,11 @@ impl Handler {
                 let target = match identity {
                     Some(target) => target,
                     None if impersonation_requested(req.headers()) => {
-                        match self.auth.identify(&credential, req.headers()).await {
+                        match self
+                            .auth
+                            .identify(&credential, req.headers(), info, req.uri().query())
+                            .await
+                        {
                             Ok(target) => target,
                             Err(AuthFailure::Unauthorized) => {
                                 return (

@@ -11,7 +11,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::Method;
 use serde_json::{Value, json};
@@ -611,4 +611,201 @@ async fn identities_get_what_the_apiserver_gives_them() {
         }
     }
     assert!(served_from_cache(&env, "configmaps").await >= 5.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_is_decided_as_the_apiserver_decides() {
+    let Some(env) = env().await else { return };
+    let ns = env.namespace("diff-imp").await;
+    let cms = format!("/api/v1/namespaces/{ns}/configmaps");
+    for name in ["cm-mounted", "cm-other"] {
+        env.create(&cms, configmap(name, json!({}))).await;
+    }
+    env.create("/api/v1/nodes", node("imp-node-a", "diff-imp"))
+        .await;
+    let mut p = pod("on-a", "imp-node-a");
+    p["spec"]["volumes"] = json!([{"name": "v", "configMap": {"name": "cm-mounted"}}]);
+    env.create(&format!("/api/v1/namespaces/{ns}/pods"), p)
+        .await;
+    env.create(
+        &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "node-agent"}}),
+    )
+    .await;
+    let user =
+        |n: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": n});
+    let reads = json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]);
+    env.grant("diff-imp:alice-reads", user("imp-alice"), reads)
+        .await;
+    env.grant(
+        "diff-imp:legacy",
+        user("imp-legacy"),
+        json!([{"apiGroups": [""], "resources": ["users", "groups"], "verbs": ["impersonate"]}]),
+    )
+    .await;
+    env.grant(
+        "diff-imp:user-info",
+        user("imp-userinfo"),
+        json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["users", "groups"], "verbs": ["impersonate:user-info"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["impersonate-on:user-info:get", "impersonate-on:user-info:list", "impersonate-on:user-info:watch"]}
+        ]),
+    )
+    .await;
+    env.grant(
+        "diff-imp:associated-node",
+        json!({"kind": "ServiceAccount", "name": "node-agent", "namespace": ns}),
+        json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["nodes"], "verbs": ["impersonate:associated-node"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["impersonate-on:associated-node:get", "impersonate-on:associated-node:list", "impersonate-on:associated-node:watch"]}
+        ]),
+    )
+    .await;
+    let bound = env
+        .bound_token(&ns, "node-agent", "Node", "imp-node-a")
+        .await;
+    let unbound = env.token(&ns, "node-agent", &[]).await;
+    // RBAC and the Node authorizer's graph settle.
+    let direct_node = env.direct(env.node("imp-node-a"));
+    eventually(Duration::from_secs(20), "node authorizer graph", || {
+        let c = direct_node.clone();
+        let p = format!("{cms}/cm-mounted");
+        async move { (c.get(&p).await.status == 200).then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let paths = [
+        cms.clone(),
+        format!("{cms}?resourceVersion=0"),
+        format!("{cms}/cm-mounted?resourceVersion=0"),
+        format!("{cms}/cm-other?resourceVersion=0"),
+    ];
+    let identities = [
+        ("a user who may not impersonate", env.cert("imp-bob", None)),
+        ("legacy impersonator", env.cert("imp-legacy", None)),
+        ("user-info impersonator", env.cert("imp-userinfo", None)),
+        ("node-bound service account", Auth::Token(bound)),
+        ("unbound service account", Auth::Token(unbound)),
+    ];
+    let asks: &[&[(&str, &str)]] = &[
+        &[("impersonate-user", "imp-alice")],
+        &[
+            ("impersonate-user", "imp-alice"),
+            ("impersonate-group", "system:masters"),
+        ],
+        &[("impersonate-user", "imp-alice"), ("impersonate-group", "")],
+        &[
+            ("impersonate-user", "imp-alice"),
+            ("impersonate-extra-Scope", "x"),
+        ],
+        &[
+            ("impersonate-group", "dev"),
+            ("impersonate-extra-example.com%2fk", "v"),
+        ],
+        &[("impersonate-user", "system:node:imp-node-a")],
+        &[("impersonate-user", "system:node:imp-node-b")],
+        &[
+            ("impersonate-user", "system:node:imp-node-a"),
+            ("impersonate-group", "system:nodes"),
+        ],
+        &[(
+            "impersonate-user",
+            "system:serviceaccount:kube-system:default",
+        )],
+    ];
+    for (who, auth) in identities {
+        let (direct, proxy) = (env.direct(auth.clone()), env.proxy(auth));
+        for ask in asks {
+            for p in &paths {
+                let d = direct.send(Method::GET, p, ask, None).await;
+                let r = proxy.send(Method::GET, p, ask, None).await;
+                support::differential::assert_same(&d, &r, &format!("{who} as {ask:?}: {p}"));
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocations_reach_cached_reads_within_seconds() {
+    let Some(env) = env().await else { return };
+    let ns = env.namespace("diff-revoke").await;
+    let cms = format!("/api/v1/namespaces/{ns}/configmaps");
+    env.create(&cms, configmap("cm", json!({}))).await;
+    env.create(
+        &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}}),
+    )
+    .await;
+    env.create(
+        &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles"),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "cm-reader"},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]}),
+    )
+    .await;
+    for (binding, subject) in [
+        (
+            "user",
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "revoked-user"}),
+        ),
+        (
+            "sa",
+            json!({"kind": "ServiceAccount", "name": "reader", "namespace": ns}),
+        ),
+    ] {
+        env.create(
+            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": binding},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-reader"},
+                   "subjects": [subject]}),
+        )
+        .await;
+    }
+    let token = env.token(&ns, "reader", &[]).await;
+    let user = env.proxy(env.cert("revoked-user", None));
+    let sa = env.proxy(Auth::Token(token));
+    let path = format!("{cms}?resourceVersion=0");
+    eventually(Duration::from_secs(10), "both read", || {
+        let (u, s, p) = (user.clone(), sa.clone(), path.clone());
+        async move { (u.get(&p).await.status == 200 && s.get(&p).await.status == 200).then_some(()) }
+    })
+    .await;
+    // Served from the cache, token and decisions cached: now revoke.
+    let admin = env.apiserver();
+    let r = admin
+        .delete(&format!("/api/v1/namespaces/{ns}/serviceaccounts/reader"))
+        .await;
+    assert_eq!(r.status, 200);
+    let start = Instant::now();
+    eventually(
+        Duration::from_secs(15),
+        "the ServiceAccount's deletion",
+        || {
+            let (s, p) = (sa.clone(), path.clone());
+            async move { (s.get(&p).await.status == 401).then_some(()) }
+        },
+    )
+    .await;
+    let account = start.elapsed();
+    assert_eq!(user.get(&path).await.status, 200);
+    let r = admin
+        .delete(&format!(
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/user"
+        ))
+        .await;
+    assert_eq!(r.status, 200);
+    let start = Instant::now();
+    eventually(
+        Duration::from_secs(10),
+        "the RoleBinding's revocation",
+        || {
+            let (u, p) = (user.clone(), path.clone());
+            async move { (u.get(&p).await.status == 403).then_some(()) }
+        },
+    )
+    .await;
+    let binding = start.elapsed();
+    println!("revocation through the proxy: RoleBinding {binding:?}, ServiceAccount {account:?}");
 }

@@ -394,9 +394,12 @@ async fn client_impersonation_is_authorized_like_the_apiserver() {
             .await;
         assert_eq!(via.status, 403, "{path}");
         assert_eq!(via.json()["message"], direct.json()["message"], "{path}");
+        let resource = path.rsplit('/').next().unwrap();
         assert_eq!(
             via.json()["message"],
-            "users \"admin\" is forbidden: User \"bob\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope"
+            format!(
+                "{resource} is forbidden: User \"bob\" cannot impersonate-on:user-info:list resource \"{resource}\" in API group \"\" in the namespace \"ns\""
+            )
         );
     }
     // Groups without a user are a bad request.

@@ -29,11 +29,12 @@ use http::HeaderMap;
 use http::header::AUTHORIZATION;
 
 use crate::config::{AuthenticationConfig, AuthorizationConfig};
+use crate::request::RequestInfo;
 use crate::status::Status;
 use crate::upstream::Upstream;
 
 use self::access::{AccessReviewer, AccessSettings, Attributes, Decision};
-use self::impersonation::{ImpersonationError, impersonate, requested};
+use self::impersonation::{ImpersonationError, LastModes, impersonate, requested};
 use self::metrics::AuthMetrics;
 use self::review::ReviewError;
 use self::token::{TokenAuthenticator, TokenResult, TokenSettings};
@@ -94,6 +95,7 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
 pub struct Auth {
     tokens: TokenAuthenticator,
     access: AccessReviewer,
+    last_modes: LastModes,
     anonymous: bool,
 }
 
@@ -128,6 +130,7 @@ impl Auth {
                 },
                 metrics,
             ),
+            last_modes: LastModes::default(),
             anonymous: authn.anonymous.enabled,
         }
     }
@@ -147,6 +150,8 @@ impl Auth {
         &self,
         credential: &Credential,
         headers: &HeaderMap,
+        info: &RequestInfo,
+        query: Option<&str>,
     ) -> Result<UserInfo, AuthFailure> {
         let user = match credential {
             Credential::Certificate(user) => user.clone(),
@@ -160,12 +165,18 @@ impl Auth {
         };
         match requested(headers).map_err(AuthFailure::Status)? {
             None => Ok(user),
-            Some(req) => impersonate(&self.access, &user, &req)
-                .await
-                .map_err(|e| match e {
-                    ImpersonationError::Status(s) => AuthFailure::Status(s),
-                    ImpersonationError::Review(e) => AuthFailure::Unavailable(e),
-                }),
+            Some(req) => impersonate(
+                &self.access,
+                &self.last_modes,
+                &user,
+                &req,
+                &Attributes::for_request(&user, info, query),
+            )
+            .await
+            .map_err(|e| match e {
+                ImpersonationError::Status(s) => AuthFailure::Status(s),
+                ImpersonationError::Error(e) => AuthFailure::Unavailable(e),
+            }),
         }
     }
 

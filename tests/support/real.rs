@@ -201,6 +201,52 @@ impl RealEnv {
         r.json()["status"]["token"].as_str().unwrap().to_string()
     }
 
+    /// A token of ServiceAccount `namespace/name` bound to an object
+    /// (`kind` Node or Pod, looked up by name for its uid), as kubelet's
+    /// projected tokens are: it carries the node's name in its extra.
+    pub async fn bound_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+        object: &str,
+    ) -> String {
+        let path = match kind {
+            "Node" => format!("/api/v1/nodes/{object}"),
+            _ => format!("/api/v1/namespaces/{namespace}/pods/{object}"),
+        };
+        let uid = self.apiserver().get(&path).await.json()["metadata"]["uid"].clone();
+        let r = self
+            .apiserver()
+            .post_json(
+                &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"),
+                &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": {"expirationSeconds": 3600,
+                                 "boundObjectRef": {"apiVersion": "v1", "kind": kind, "name": object, "uid": uid}}}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "token: {}", r.text());
+        r.json()["status"]["token"].as_str().unwrap().to_string()
+    }
+
+    /// Grants `rules` to `subject` (a JSON RBAC subject) cluster-wide.
+    pub async fn grant(&self, name: &str, subject: Value, rules: Value) {
+        self.create(
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": name}, "rules": rules}),
+        )
+        .await;
+        self.create(
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": name},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                   "subjects": [subject]}),
+        )
+        .await;
+    }
+
     /// The current resourceVersion of the apiserver (a consistent list).
     pub async fn current_rv(&self) -> u64 {
         let r = self.apiserver().get("/api/v1/namespaces?limit=1").await;

@@ -15,6 +15,7 @@
 
 pub mod body;
 pub mod go;
+pub mod impersonation;
 pub mod kubeconfig;
 pub mod pki;
 pub mod request;

@@ -13,8 +13,6 @@ pub use apimachinery::user::UserInfo;
 pub const AUTHENTICATED: &str = apimachinery::user::AUTHENTICATED_GROUP;
 /// `system:unauthenticated`.
 pub const UNAUTHENTICATED: &str = apimachinery::user::UNAUTHENTICATED_GROUP;
-/// `system:anonymous`.
-pub const ANONYMOUS: &str = apimachinery::user::ANONYMOUS_USER;
 
 /// How a request authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

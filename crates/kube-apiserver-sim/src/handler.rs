@@ -98,7 +98,16 @@ pub async fn handle(
         Ok((user, method_used)) => {
             record.authenticated_user = user.name.clone();
             record.auth_method = method_used;
-            match impersonate::impersonate(&headers, &user, &state.policy, &state.store) {
+            let request = Attributes::from_request(&info, &user, &query);
+            match impersonate::impersonate(
+                &headers,
+                &request,
+                &state.policy,
+                &state.store,
+                &state.impersonation_modes,
+            )
+            .await
+            {
                 Err(status) => {
                     record.user = user.name.clone();
                     record.groups = user.groups.clone();

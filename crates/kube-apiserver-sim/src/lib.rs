@@ -116,6 +116,7 @@ impl Sim {
             registry: resources::Registry::new(),
             tokens: authn::Tokens::default(),
             policy: Policy::new(&config.proxy_user),
+            impersonation_modes: apimachinery::impersonation::LastModes::default(),
             stats: Arc::new(stats::Collector::default()),
             drops,
             addr,

@@ -27,6 +27,8 @@ pub struct State {
     pub registry: Registry,
     pub tokens: Tokens,
     pub policy: Policy,
+    /// The impersonation mode that last succeeded, by requester.
+    pub impersonation_modes: apimachinery::impersonation::LastModes,
     pub stats: Arc<Collector>,
     /// Bumped by `Sim::drop_watches`: every open watch aborts its body.
     pub drops: watch::Sender<u64>,
