@@ -55,6 +55,7 @@ fn info() -> ResourceInfo {
         namespaced: true,
         field_set: FieldSet::Pod,
         strip_item_type_meta: true,
+        reads_as: None,
         scope: FieldSelector::default(),
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{Overrides, TlsVersion};
+use crate::config::{IdentityMode, Overrides, TlsVersion};
 
 /// A caching proxy for kube-apiserver: answers list, get and watch from a
 /// watch cache fed by one upstream list+watch per resource, and passes
@@ -60,6 +60,9 @@ pub struct ServeArgs {
     /// Context of the upstream kubeconfig. Unset: its current context.
     #[arg(long, value_name = "NAME")]
     pub upstream_context: Option<String>,
+    /// Who the proxy is upstream: Auto, Node or AsGiven (upstream.identity).
+    #[arg(long, value_name = "MODE", value_parser = parse_identity)]
+    pub upstream_identity: Option<IdentityMode>,
     /// PEM serving certificate (chain), like kube-apiserver's flag.
     #[arg(long, value_name = "FILE")]
     pub tls_cert_file: Option<PathBuf>,
@@ -117,6 +120,7 @@ impl ServeArgs {
             admin_listen: self.admin_listen.clone(),
             upstream_kubeconfig: self.upstream_kubeconfig.clone(),
             upstream_context: self.upstream_context.clone(),
+            upstream_identity: self.upstream_identity,
             tls_cert_file: self.tls_cert_file.clone(),
             tls_private_key_file: self.tls_private_key_file.clone(),
             client_ca_file: self.client_ca_file.clone(),
@@ -124,5 +128,14 @@ impl ServeArgs {
             shutdown_grace_period_seconds: self.shutdown_grace_period_seconds,
             node_name: self.node_name.clone(),
         }
+    }
+}
+
+fn parse_identity(s: &str) -> Result<IdentityMode, String> {
+    match s {
+        "Auto" => Ok(IdentityMode::Auto),
+        "Node" => Ok(IdentityMode::Node),
+        "AsGiven" => Ok(IdentityMode::AsGiven),
+        other => Err(format!("{other:?}: expected Auto, Node or AsGiven")),
     }
 }

@@ -245,7 +245,7 @@ pub struct CachedResource {
 }
 
 impl CachedResource {
-    fn new(group: &str, version: &str, resource: &str) -> CachedResource {
+    pub(crate) fn new(group: &str, version: &str, resource: &str) -> CachedResource {
         CachedResource {
             group: group.to_string(),
             version: version.to_string(),
@@ -568,6 +568,18 @@ pub enum TlsVersion {
     VersionTLS13,
 }
 
+/// `upstream.identity`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+pub enum IdentityMode {
+    /// The node's identity if the credential is a node's, else as given.
+    #[default]
+    Auto,
+    /// The node's identity, or an error at start.
+    Node,
+    /// The credential as given.
+    AsGiven,
+}
+
 /// Upstream (kube-apiserver) settings.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -578,6 +590,13 @@ pub struct UpstreamConfig {
     pub kubeconfig: Option<PathBuf>,
     /// Context of the kubeconfig to use. Unset: its current context.
     pub context: Option<String>,
+    /// Who the proxy is upstream (docs/security.md): `Auto` (default) acts
+    /// as the node when the credential is a node's (a client certificate
+    /// `CN=system:node:<name>`, or a service-account token bound to the
+    /// node, which then impersonates it), else uses the credential as
+    /// given; `Node` requires a node's credential and fails at start
+    /// without one; `AsGiven` never acts as a node.
+    pub identity: IdentityMode,
     /// Time allowed to open a TCP+TLS connection to the apiserver before the
     /// request fails with `503`. Default 5 s.
     pub connect_timeout_seconds: u64,
@@ -611,6 +630,7 @@ impl Default for UpstreamConfig {
         UpstreamConfig {
             kubeconfig: None,
             context: None,
+            identity: IdentityMode::Auto,
             connect_timeout_seconds: 5,
             idle_timeout_seconds: 90,
         }
@@ -624,6 +644,7 @@ pub struct Overrides {
     pub admin_listen: Option<String>,
     pub upstream_kubeconfig: Option<PathBuf>,
     pub upstream_context: Option<String>,
+    pub upstream_identity: Option<IdentityMode>,
     pub tls_cert_file: Option<PathBuf>,
     pub tls_private_key_file: Option<PathBuf>,
     pub client_ca_file: Option<PathBuf>,
@@ -670,6 +691,9 @@ impl Config {
         }
         if let Some(v) = &o.upstream_kubeconfig {
             self.upstream.kubeconfig = Some(v.clone());
+        }
+        if let Some(v) = o.upstream_identity {
+            self.upstream.identity = v;
         }
         if let Some(v) = &o.upstream_context {
             self.upstream.context = Some(v.clone());

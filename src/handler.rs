@@ -21,6 +21,7 @@ use crate::body::{self, Body};
 use crate::cache::Caches;
 use crate::cache::resource::ResourceCache;
 use crate::cache::serve::{Answer, Read, serve};
+use crate::identity::{Identity, NodeCredential};
 use crate::metrics::{Metrics, Source};
 use crate::proxy;
 use crate::request::RequestInfo;
@@ -43,6 +44,7 @@ pub struct ConnInfo {
 #[derive(Debug)]
 pub struct Handler {
     upstream: Upstream,
+    identity: Identity,
     metrics: Metrics,
     caches: Caches,
     auth: Auth,
@@ -67,6 +69,7 @@ impl Handler {
     /// `shutdown` ends cache-served watches.
     pub fn new(
         upstream: Upstream,
+        identity: Identity,
         metrics: Metrics,
         caches: Caches,
         auth: Auth,
@@ -79,6 +82,7 @@ impl Handler {
             .collect();
         Handler {
             upstream,
+            identity,
             metrics,
             caches,
             auth,
@@ -210,6 +214,13 @@ impl Handler {
         let (headers, credentials) = match &credential {
             // Certificate users travel on the proxy's credentials,
             // impersonated; what they asked to impersonate is checked first.
+            // As a node, the proxy forwards only its node's own requests.
+            Credential::Certificate(user) if self.identity.node().is_some() => {
+                match self.as_node(user, req.headers()) {
+                    Ok(headers) => (headers, Credentials::Proxy),
+                    Err(status) => return (status.into_response(), Source::Proxy),
+                }
+            }
             Credential::Certificate(user) => {
                 let target = match identity {
                     Some(target) => target,
@@ -280,6 +291,49 @@ impl Handler {
                 (proxy::error_response(&err), Source::Proxy)
             }
         }
+    }
+
+    /// The upstream headers of a certificate user's request when the proxy
+    /// acts as its node: the node's own requests go as the node (by its
+    /// certificate, or impersonated); anyone else's cannot be forwarded.
+    fn as_node(&self, user: &UserInfo, headers: &HeaderMap) -> Result<HeaderMap, Box<Status>> {
+        let Identity::Node { name, credential } = &self.identity else {
+            return Err(Box::new(Status::new(
+                http::StatusCode::FORBIDDEN,
+                "Forbidden",
+                "kube-cache-proxy does not act as a node",
+            )));
+        };
+        let node = crate::identity::node_user(name);
+        if user.name != node {
+            return Err(Box::new(Status::new(
+                http::StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!(
+                    "kube-cache-proxy acts upstream only as node {name:?}; the request of {:?} \
+                     (client certificate) cannot be forwarded with the node's rights: send it \
+                     with a bearer token, or to the apiserver directly",
+                    user.name
+                ),
+            )));
+        }
+        if impersonation_requested(headers) {
+            return Err(Box::new(Status::new(
+                http::StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!(
+                    "kube-cache-proxy acts upstream as node {name:?} and cannot forward \
+                     impersonation requested with a client certificate"
+                ),
+            )));
+        }
+        let mut out = without_identity_headers(headers);
+        if *credential == NodeCredential::AssociatedServiceAccount
+            && let Ok(v) = HeaderValue::from_str(&node)
+        {
+            out.insert("impersonate-user", v);
+        }
+        Ok(out)
     }
 
     fn observe(&self, info: &RequestInfo, resp: &Response<Body>, source: Source, start: Instant) {

@@ -16,6 +16,7 @@ pub mod csr;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod handler;
+pub mod identity;
 pub mod metrics;
 pub mod proxy;
 pub mod ready;
@@ -39,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Admin;
 use crate::config::Config;
 use crate::handler::Handler;
+use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::ready::Readiness;
 use crate::serve::ServeOptions;
@@ -127,8 +129,26 @@ pub async fn run(
         Some(csr) => csr.server_tls(&config.tls)?,
         None => ServerTls::load(&config.tls)?,
     };
-    let upstream = Upstream::from_config(&config.upstream).await?;
-    tracing::info!(upstream = %upstream.base(), "upstream configured");
+    let kube_config = upstream::load_kube_config(
+        config.upstream.kubeconfig.as_deref(),
+        config.upstream.context.clone(),
+    )
+    .await?;
+    let identity = Identity::detect(&kube_config, config.upstream.identity, &config.node_name)
+        .map_err(upstream::UpstreamError::Config)?;
+    let upstream = Upstream::new(
+        &kube_config,
+        Duration::from_secs(config.upstream.connect_timeout_seconds),
+        Duration::from_secs(config.upstream.idle_timeout_seconds),
+    )?;
+    match identity.node() {
+        Some(node) => {
+            tracing::info!(upstream = %upstream.base(), %node, "upstream configured; acting as the node")
+        }
+        None => {
+            tracing::info!(upstream = %upstream.base(), "upstream configured; acting with the credential as given")
+        }
+    }
 
     let token = CancellationToken::new();
     let admin_token = CancellationToken::new();
@@ -145,7 +165,14 @@ pub async fn run(
     }
 
     let cache_metrics = cache::metrics::CacheMetrics::new(metrics.registry())?;
-    let caches = cache::Caches::new(&config.cache, &config.node_name, &cache_metrics)?;
+    let mut cache_config = config.cache.clone();
+    identity
+        .scope_caches(&mut cache_config)
+        .map_err(|message| config::ConfigError::Invalid {
+            field: "cache.resources".into(),
+            message,
+        })?;
+    let caches = cache::Caches::new(&cache_config, &config.node_name, &identity, &cache_metrics)?;
     caches.spawn_reflectors(&upstream, &readiness, &token);
     let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let auth = auth::Auth::new(
@@ -156,6 +183,7 @@ pub async fn run(
     );
     let handler = Arc::new(Handler::new(
         upstream,
+        identity,
         metrics.clone(),
         caches,
         auth,

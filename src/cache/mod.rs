@@ -48,6 +48,7 @@ impl Caches {
     pub fn new(
         config: &CacheConfig,
         node_name: &str,
+        identity: &crate::identity::Identity,
         metrics: &CacheMetrics,
     ) -> Result<Caches, ConfigError> {
         let mut by_gvr = HashMap::new();
@@ -94,6 +95,7 @@ impl Caches {
                 field_set,
                 strip_item_type_meta: is_built_in_group(&r.group),
                 scope,
+                reads_as: identity.reads_as(&r.group, &r.resource),
             };
             let store = Settings {
                 history_capacity: r.history_capacity.unwrap_or(config.history_capacity),

@@ -258,7 +258,12 @@ impl Reflector {
                 extra.push_str("&continue=");
                 extra.push_str(&percent_encoding::utf8_percent_encode(c, QUERY).to_string());
             }
-            let resp = get(&self.upstream, &self.query(&extra)).await?;
+            let resp = get(
+                &self.upstream,
+                &self.query(&extra),
+                self.cache.info().reads_as.as_ref(),
+            )
+            .await?;
             let bytes = read_body(resp).await?;
             let page: ListBody<'_> = serde_json::from_slice(&bytes)
                 .map_err(|e| ReflectorError::Malformed(e.to_string()))?;
@@ -305,7 +310,12 @@ impl Reflector {
         let extra = format!(
             "watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds={timeout_seconds}"
         );
-        let resp = get(&self.upstream, &self.query(&extra)).await?;
+        let resp = get(
+            &self.upstream,
+            &self.query(&extra),
+            self.cache.info().reads_as.as_ref(),
+        )
+        .await?;
         let mut body = resp.into_body();
         let mut buf = BytesMut::new();
         loop {
@@ -398,10 +408,14 @@ const QUERY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
 async fn get(
     upstream: &Upstream,
     path_and_query: &str,
+    reads_as: Option<&http::HeaderValue>,
 ) -> Result<http::Response<Incoming>, ReflectorError> {
-    let req = upstream
+    let mut req = upstream
         .own_request(Method::GET, path_and_query, None)
         .map_err(|e| ReflectorError::Upstream(e.to_string()))?;
+    if let Some(user) = reads_as {
+        req.headers_mut().insert("impersonate-user", user.clone());
+    }
     let resp = upstream
         .send(req, Credentials::Proxy)
         .await
@@ -442,8 +456,11 @@ pub fn probe_rv(
             &percent_encoding::utf8_percent_encode(&info.scope.to_string(), QUERY).to_string(),
         );
     }
+    let reads_as = info.reads_as.clone();
     async move {
-        let resp = get(&upstream, &q).await.map_err(|e| e.to_string())?;
+        let resp = get(&upstream, &q, reads_as.as_ref())
+            .await
+            .map_err(|e| e.to_string())?;
         let bytes = read_body(resp).await.map_err(|e| e.to_string())?;
         let page: ListBody<'_> = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
         page.metadata

@@ -34,6 +34,9 @@ pub struct ResourceInfo {
     pub strip_item_type_meta: bool,
     /// The upstream field selector the cache is limited to (empty: all).
     pub scope: FieldSelector,
+    /// `Impersonate-User` of the cache's own upstream reads (the node,
+    /// when the proxy acts as it by impersonation; see `identity`).
+    pub reads_as: Option<http::HeaderValue>,
 }
 
 impl ResourceInfo {
@@ -346,6 +349,7 @@ pub(crate) mod tests {
                 field_set: FieldSet::Default,
                 strip_item_type_meta: true,
                 scope: FieldSelector::default(),
+                reads_as: None,
             },
             Settings {
                 history_capacity: 100,

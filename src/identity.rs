@@ -1,0 +1,292 @@
+//! Who the proxy is upstream, and so what it may do there.
+//!
+//! A node-local proxy holds at most what its node may do (the Node
+//! authorizer and NodeRestriction limit `system:node:<name>`):
+//!
+//! | upstream credential | identity | the proxy acts upstream |
+//! |---|---|---|
+//! | a client certificate with `CN=system:node:<name>` (kubelet's own, as OpenYurt's YurtHub uses it) | [`Identity::Node`] via [`NodeCredential::Certificate`] | as the node, with that certificate |
+//! | a service-account token bound to node `<name>` (a pod's projected token; `kubernetes.io.node` claim) | [`Identity::Node`] via [`NodeCredential::AssociatedServiceAccount`] | as the node by constrained impersonation (`Impersonate-User: system:node:<name>`, authorized by `impersonate:associated-node` and `impersonate-on:associated-node:<verb>`; kube-apiserver 1.35+ with `ConstrainedImpersonation`, on by default from 1.36) for what a node may read, as the service account for the cache's other reads |
+//! | anything else (an administrator's kubeconfig in tests, a dedicated identity) | [`Identity::AsGiven`] | with that credential; certificate clients by legacy impersonation |
+//!
+//! As a node, the proxy forwards only its own node's certificate requests
+//! (kubelet's) and bearer-token requests (with the client's own token);
+//! any other certificate user gets `403`: the proxy cannot act as them.
+//! The pods and nodes caches are scoped to the node (`spec.nodeName`,
+//! `metadata.name`), as the Node authorizer requires of a node's lists.
+//!
+//! The identity is decided at start from the credential alone (no request
+//! upstream), so a proxy starts while the apiserver is down.
+
+use std::path::Path;
+
+use base64::Engine;
+use http::HeaderValue;
+use serde::Deserialize;
+
+use crate::config::{CacheConfig, IdentityMode};
+
+/// The user name of node `name`.
+pub fn node_user(name: &str) -> String {
+    format!("system:node:{name}")
+}
+
+/// How the proxy holds its node's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeCredential {
+    /// The node's own client certificate.
+    Certificate,
+    /// A service-account token bound to the node, impersonating it.
+    AssociatedServiceAccount,
+}
+
+/// Who the proxy is upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// The credential as given.
+    AsGiven,
+    /// Node `name`.
+    Node {
+        name: String,
+        credential: NodeCredential,
+    },
+}
+
+/// Resources a node may list and watch (Node authorizer rules; pods and
+/// nodes only scoped to the node). The cache's other resources are read
+/// as the proxy's service account.
+const NODE_READABLE: &[(&str, &str)] = &[
+    ("", "pods"),
+    ("", "nodes"),
+    ("", "services"),
+    ("node.k8s.io", "runtimeclasses"),
+    ("storage.k8s.io", "csidrivers"),
+];
+
+/// Resources a node may read only object by object: never cached by a
+/// node-identity proxy (kubelet's per-object watches pass through).
+const NODE_PER_OBJECT: &[(&str, &str)] = &[("", "secrets"), ("", "configmaps")];
+
+impl Identity {
+    /// Decides the identity from the upstream credential.
+    ///
+    /// # Errors
+    /// A message when `mode` is `Node` and the credential is not a node's,
+    /// or `node_name` is set and names another node.
+    pub fn detect(
+        kube_config: &kube::Config,
+        mode: IdentityMode,
+        node_name: &str,
+    ) -> Result<Identity, String> {
+        if mode == IdentityMode::AsGiven {
+            return Ok(Identity::AsGiven);
+        }
+        let found = certificate_node(kube_config)
+            .map(|n| (n, NodeCredential::Certificate))
+            .or_else(|| {
+                token_node(kube_config).map(|n| (n, NodeCredential::AssociatedServiceAccount))
+            });
+        match found {
+            Some((name, credential)) => {
+                if !node_name.is_empty() && node_name != name {
+                    return Err(format!(
+                        "the upstream credential is node {name:?}'s, but nodeName is {node_name:?}"
+                    ));
+                }
+                Ok(Identity::Node { name, credential })
+            }
+            None if mode == IdentityMode::Node => Err(
+                "upstream.identity is Node, but the upstream credential is neither a node's \
+                 client certificate (CN=system:node:<name>) nor a service-account token bound \
+                 to a node (a pod's projected token, or a TokenRequest with a Node boundObjectRef)"
+                    .to_string(),
+            ),
+            None => Ok(Identity::AsGiven),
+        }
+    }
+
+    /// The node, when the proxy acts as one.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Identity::Node { name, .. } => Some(name),
+            Identity::AsGiven => None,
+        }
+    }
+
+    /// The `Impersonate-User` value the proxy's own reads of a resource
+    /// carry: the node's, for what a node may read, when the proxy holds
+    /// the node's identity by impersonation.
+    pub fn reads_as(&self, group: &str, resource: &str) -> Option<HeaderValue> {
+        match self {
+            Identity::Node {
+                name,
+                credential: NodeCredential::AssociatedServiceAccount,
+            } if NODE_READABLE.contains(&(group, resource)) => {
+                HeaderValue::from_str(&node_user(name)).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// Scopes the pods and nodes caches to the node, as the Node
+    /// authorizer lets a node list them, and refuses caches a node cannot
+    /// fill.
+    ///
+    /// # Errors
+    /// A message naming the resource.
+    pub fn scope_caches(&self, cache: &mut CacheConfig) -> Result<(), String> {
+        let Some(node) = self.node() else {
+            return Ok(());
+        };
+        for r in &mut cache.resources {
+            let gr = (r.group.as_str(), r.resource.as_str());
+            if NODE_PER_OBJECT.contains(&gr) {
+                return Err(format!(
+                    "cache.resources: {} cannot be cached by a proxy acting as node {node:?}: a \
+                     node may read only those of its own pods (kubelet's per-object watches \
+                     pass through)",
+                    r.resource
+                ));
+            }
+            let required = match gr {
+                ("", "pods") => "spec.nodeName",
+                ("", "nodes") => "metadata.name",
+                _ => continue,
+            };
+            let wanted = format!("{required}={node}");
+            match &r.field_selector {
+                None => r.field_selector = Some(wanted),
+                Some(s) if s.replace("${NODE_NAME}", node) == wanted => {}
+                Some(s) => {
+                    return Err(format!(
+                        "cache.resources: {} must be scoped with fieldSelector {wanted:?} (a \
+                         node lists only its own), not {s:?}",
+                        r.resource
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The node of a `CN=system:node:<name>` client certificate.
+fn certificate_node(kube_config: &kube::Config) -> Option<String> {
+    let info = &kube_config.auth_info;
+    let pem = match (&info.client_certificate_data, &info.client_certificate) {
+        (Some(data), _) => base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .ok()?,
+        (None, Some(path)) => std::fs::read(path).ok()?,
+        (None, None) => return None,
+    };
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    let name = cn.strip_prefix("system:node:")?;
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// The node a service-account token (a JWT) is bound to: the
+/// `kubernetes.io.node.name` claim. Read, not verified: the apiserver
+/// verifies it on every request; this only picks how to act.
+fn token_node(kube_config: &kube::Config) -> Option<String> {
+    use secrecy::ExposeSecret;
+    let info = &kube_config.auth_info;
+    let token = match (&info.token, &info.token_file) {
+        (Some(t), _) => t.expose_secret().to_string(),
+        (None, Some(path)) => std::fs::read_to_string(Path::new(path)).ok()?,
+        (None, None) => return None,
+    };
+    node_of_jwt(token.trim())
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    #[serde(rename = "kubernetes.io")]
+    kubernetes: Option<KubernetesClaims>,
+}
+
+#[derive(Deserialize)]
+struct KubernetesClaims {
+    serviceaccount: Option<Named>,
+    node: Option<Named>,
+}
+
+#[derive(Deserialize)]
+struct Named {
+    name: String,
+}
+
+fn node_of_jwt(token: &str) -> Option<String> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: Claims = serde_json::from_slice(&bytes).ok()?;
+    let k = claims.kubernetes?;
+    k.serviceaccount?;
+    k.node.map(|n| n.name).filter(|n| !n.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CachedResource;
+
+    fn jwt(claims: serde_json::Value) -> String {
+        let enc = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        format!(
+            "{}.{}.sig",
+            enc(br#"{"alg":"RS256"}"#),
+            enc(&serde_json::to_vec(&claims).unwrap())
+        )
+    }
+
+    #[test]
+    fn node_bound_tokens() {
+        let bound = jwt(serde_json::json!({"kubernetes.io": {
+            "namespace": "kube-system",
+            "serviceaccount": {"name": "kube-cache-proxy", "uid": "u"},
+            "node": {"name": "node-1", "uid": "n"}}}));
+        assert_eq!(node_of_jwt(&bound).as_deref(), Some("node-1"));
+        let unbound = jwt(serde_json::json!({"kubernetes.io": {
+            "namespace": "kube-system", "serviceaccount": {"name": "x", "uid": "u"}}}));
+        assert_eq!(node_of_jwt(&unbound), None);
+        assert_eq!(node_of_jwt("not-a-jwt"), None);
+    }
+
+    #[test]
+    fn caches_are_scoped_to_the_node() {
+        let id = Identity::Node {
+            name: "n1".into(),
+            credential: NodeCredential::AssociatedServiceAccount,
+        };
+        let mut cache = CacheConfig::default();
+        id.scope_caches(&mut cache).unwrap();
+        let selector = |res: &str| {
+            cache
+                .resources
+                .iter()
+                .find(|r| r.resource == res)
+                .and_then(|r| r.field_selector.clone())
+        };
+        assert_eq!(selector("pods").as_deref(), Some("spec.nodeName=n1"));
+        assert_eq!(selector("nodes").as_deref(), Some("metadata.name=n1"));
+        assert_eq!(selector("services"), None);
+        assert!(id.reads_as("", "pods").is_some());
+        assert!(id.reads_as("discovery.k8s.io", "endpointslices").is_none());
+
+        let mut wide = CacheConfig::default();
+        wide.resources
+            .push(CachedResource::new("", "v1", "configmaps"));
+        assert!(id.scope_caches(&mut wide).is_err());
+        let mut other = CacheConfig::default();
+        other.resources[0].field_selector = Some("spec.nodeName=n2".into());
+        assert!(id.scope_caches(&mut other).is_err());
+        let mut templated = CacheConfig::default();
+        templated.resources[0].field_selector = Some("spec.nodeName=${NODE_NAME}".into());
+        assert!(id.scope_caches(&mut templated).is_ok());
+        assert!(Identity::AsGiven.reads_as("", "pods").is_none());
+    }
+}
