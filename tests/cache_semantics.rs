@@ -365,6 +365,11 @@ async fn a_scoped_cache_serves_only_requests_inside_its_scope() {
     let all = c.get("/api/v1/pods?resourceVersion=0").await;
     assert_eq!(names(&all.json()), vec!["a", "b", "c"]);
     assert_eq!(lists(), before + 1, "outside the scope: passed through");
+    // A get of a pod on another node is not a 404: the scoped cache does
+    // not hold it, upstream does.
+    let b = c.get("/api/v1/namespaces/s/pods/b?resourceVersion=0").await;
+    assert_eq!(b.status, 200, "{}", b.text());
+    assert_eq!(b.json()["metadata"]["name"], "b");
 }
 
 #[tokio::test]

@@ -191,6 +191,9 @@ async fn serve_get(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read<
                 stream::iter(frames),
             ))))
         }
+        // A scoped cache holds only part of the resource: the object may
+        // exist outside the scope (a pod on another node).
+        None if !info.scope.is_empty() => Answer::PassThrough("not in the cached scope"),
         None => status(Status::not_found(
             &info.gvr.group,
             &info.gvr.resource,
