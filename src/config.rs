@@ -201,8 +201,10 @@ pub struct CacheConfig {
     /// this and twice this, like kube-apiserver's `--min-request-timeout`.
     /// Default 1800 s.
     pub min_request_timeout_seconds: u64,
-    /// How long a consistent list or get (RV unset) waits for the cache to
-    /// reach upstream's current RV before passing through. Default 250 ms.
+    /// How long a consistent list (RV unset) waits for the cache to reach
+    /// upstream's current RV before passing through. Default 0: a list the
+    /// cache cannot prove fresh at once passes through without waiting.
+    /// (A consistent get always passes through.)
     pub consistent_list_wait_milliseconds: u64,
     /// How long a consistent watch (streaming list with RV unset) waits
     /// before passing through. Default 3000 ms, as kube-apiserver's cache.
@@ -276,7 +278,7 @@ impl Default for CacheConfig {
             slow_watcher_timeout_seconds: 10,
             bookmark_interval_seconds: 60,
             min_request_timeout_seconds: 1800,
-            consistent_list_wait_milliseconds: 250,
+            consistent_list_wait_milliseconds: 0,
             consistent_watch_wait_milliseconds: 3000,
             not_older_than_wait_milliseconds: 3000,
             ready_wait_milliseconds: 2000,

@@ -137,7 +137,16 @@ impl Handler {
         }
         // The user the request acts as, once known.
         let mut identity: Option<UserInfo> = None;
-        if let Some(cache) = self.cache_for(&req, info) {
+        let cache = self.cache_for(&req, info).filter(|cache| {
+            match crate::cache::serve::passes_through_early(info, req.uri().query()) {
+                Some(reason) => {
+                    cache.metrics.read(&info.verb, "upstream", reason);
+                    false
+                }
+                None => true,
+            }
+        });
+        if let Some(cache) = cache {
             match self
                 .auth
                 .identify(&credential, req.headers(), info, req.uri().query())

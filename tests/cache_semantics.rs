@@ -86,6 +86,56 @@ async fn reads_reflect_writes_that_went_through_the_proxy() {
 }
 
 #[tokio::test]
+async fn consistent_reads_cost_upstream_nothing_extra() {
+    let env = env_with(|_| {}).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    c.post_json("/api/v1/namespaces/cr/configmaps", &cm("cr", "one", "a"))
+        .await;
+    let before = env.sim.stats();
+    // A consistent get goes straight upstream: no probe, no review.
+    for _ in 0..5 {
+        let got = c.get("/api/v1/namespaces/cr/configmaps/one").await;
+        assert_eq!(got.status, 200);
+    }
+    let after = env.sim.stats();
+    assert_eq!(
+        after.lists("configmaps"),
+        before.lists("configmaps"),
+        "no probe"
+    );
+    assert_eq!(
+        after.count("get", "configmaps"),
+        before.count("get", "configmaps") + 5
+    );
+    assert_eq!(
+        after.count("create", "subjectaccessreviews"),
+        before.count("create", "subjectaccessreviews"),
+        "no review for a read the cache will not answer"
+    );
+    assert!(
+        metric(
+            &env,
+            "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"consistent get\",resource=\"configmaps\",source=\"upstream\",verb=\"get\"}"
+        )
+        .await
+            >= 5.0
+    );
+    // 100 concurrent consistent lists share a few probes (one in flight,
+    // one queued, for those that arrive together) and are served from the
+    // cache, which is current.
+    let before = env.sim.stats();
+    let lists = (0..100).map(|_| {
+        let c = c.clone();
+        async move { c.get("/api/v1/namespaces/cr/configmaps").await }
+    });
+    for list in futures_util::future::join_all(lists).await {
+        assert_eq!(names(&list.json()), vec!["one"]);
+    }
+    let probes = env.sim.stats().lists("configmaps") - before.lists("configmaps");
+    assert!((1..=10).contains(&probes), "{probes} probes");
+}
+
+#[tokio::test]
 async fn consistent_reads_of_a_quiet_resource_are_served_after_a_progress_watch() {
     // Writes to another resource move upstream's RV; the configmap cache
     // only learns it is still current through a progress watch.
@@ -251,8 +301,9 @@ async fn watch_from_an_rv_older_than_the_history_passes_through() {
 async fn bookmarks_carry_upstream_progress() {
     // Bookmarks every second here; upstream writes to another resource move
     // upstream's RV, which reaches the cache through its own bookmarks or a
-    // progress watch, and then the client's bookmarks.
-    let env = env_with(|_| {}).await;
+    // progress watch, and then the client's bookmarks. (A consistent list
+    // that may wait for the cache asks for a progress watch.)
+    let env = env_with(|c| c.cache.consistent_list_wait_milliseconds = 3000).await;
     let c = env.proxy(Identity::admin().auth(&env.sim));
     let list = c.get("/api/v1/namespaces/bm/configmaps").await.json();
     let rv: u64 = list["metadata"]["resourceVersion"]

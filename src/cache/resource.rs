@@ -90,7 +90,7 @@ pub struct ResourceCache {
     progress_wanted: Notify,
     bookmark_template: Mutex<Option<Value>>,
     snapshots: moka::sync::Cache<u64, Objects>,
-    probe: Mutex<Option<(Instant, Probe)>>,
+    probe: Mutex<ProbeSlot>,
     pub metrics: ResourceMetrics,
 }
 
@@ -128,7 +128,7 @@ impl ResourceCache {
                 .max_capacity(8)
                 .time_to_live(Duration::from_secs(60))
                 .build(),
-            probe: Mutex::new(None),
+            probe: Mutex::new(ProbeSlot::default()),
             metrics,
         }
     }
@@ -299,9 +299,11 @@ impl ResourceCache {
     }
 
     /// Upstream's current resourceVersion, from a probe that started no
-    /// earlier than `arrived`: a probe already in flight that began after
-    /// the request arrived is shared (it reflects every write completed
-    /// before the request), otherwise a new one starts.
+    /// earlier than `arrived`, so that it reflects every write completed
+    /// before the request. At most one probe per resource is in flight: a
+    /// request joins the probe in flight if that one started after it
+    /// arrived, else the one queued to start when the in-flight probe
+    /// ends; 200 concurrent consistent lists cost at most two probes.
     ///
     /// # Errors
     /// The probe's failure, as text.
@@ -310,21 +312,77 @@ impl ResourceCache {
         arrived: Instant,
         start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, String>>,
     ) -> Result<u64, String> {
-        let probe = {
-            let mut slot = self.probe.lock();
-            match &*slot {
-                Some((started, p)) if *started >= arrived => p.clone(),
-                _ => {
-                    let p = start_probe().shared();
-                    *slot = Some((Instant::now(), p.clone()));
-                    p
-                }
-            }
-        };
+        let probe = self.probe.lock().join(arrived, start_probe);
         let result = probe.await;
         self.metrics
             .probe(if result.is_ok() { "ok" } else { "error" });
         result
+    }
+}
+
+/// One generation of the upstream probe.
+#[derive(Clone)]
+struct ProbeRun {
+    /// No later than the moment the probe's request was sent.
+    not_before: Instant,
+    future: Probe,
+}
+
+/// The probe in flight (or last done) and the one queued after it.
+#[derive(Default)]
+struct ProbeSlot {
+    current: Option<ProbeRun>,
+    next: Option<ProbeRun>,
+}
+
+impl ProbeSlot {
+    /// The probe a request that arrived at `arrived` may use.
+    fn join(
+        &mut self,
+        arrived: Instant,
+        start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, String>>,
+    ) -> Probe {
+        let now = Instant::now();
+        // The queued probe starts once the current one is done.
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|c| c.future.peek().is_some())
+            && let Some(next) = self.next.take()
+        {
+            self.current = Some(next);
+        }
+        match &self.current {
+            Some(c) if c.not_before >= arrived => c.future.clone(),
+            // In flight but started before this request: the queued probe
+            // starts after it ends, which is after now, so after arrival.
+            Some(c) if c.future.peek().is_none() => {
+                let after = c.future.clone();
+                self.next
+                    .get_or_insert_with(|| {
+                        let probe = start_probe();
+                        ProbeRun {
+                            not_before: now,
+                            future: async move {
+                                let _ = after.await;
+                                probe.await
+                            }
+                            .boxed()
+                            .shared(),
+                        }
+                    })
+                    .future
+                    .clone()
+            }
+            _ => {
+                let future = start_probe().shared();
+                self.current = Some(ProbeRun {
+                    not_before: now,
+                    future: future.clone(),
+                });
+                future
+            }
+        }
     }
 }
 
@@ -415,6 +473,42 @@ pub(crate) mod tests {
         // A request arriving after that probe started needs a new one.
         let later = Instant::now();
         assert_eq!(c.upstream_rv(later, start(calls.clone())).await, Ok(42));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn one_probe_in_flight_and_one_queued() {
+        let c = Arc::new(test_cache());
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let start = |calls: Arc<std::sync::atomic::AtomicU32>| {
+            move || -> BoxFuture<'static, Result<u64, String>> {
+                async move {
+                    let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok(u64::from(n) + 1)
+                }
+                .boxed()
+            }
+        };
+        // The first request starts a probe.
+        let first = {
+            let (c, calls) = (c.clone(), calls.clone());
+            tokio::spawn(async move { c.upstream_rv(Instant::now(), start(calls)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Requests arriving while it is in flight all share the next one,
+        // which starts when the first ends.
+        let mut later = Vec::new();
+        for _ in 0..50 {
+            let (c, calls) = (c.clone(), calls.clone());
+            later.push(tokio::spawn(async move {
+                c.upstream_rv(Instant::now(), start(calls)).await
+            }));
+        }
+        assert_eq!(first.await.unwrap(), Ok(1));
+        for l in later {
+            assert_eq!(l.await.unwrap(), Ok(2));
+        }
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 

@@ -15,15 +15,25 @@
 //! | watch, `sendInitialEvents` | snapshot, `k8s.io/initial-events-end` bookmark, changes |
 //!
 //! Consistent reads. An unset RV promises a result that reflects every
-//! write completed before the request. The cache keeps that promise by
-//! learning upstream's current RV with a cheap `limit=1` list (shared by
-//! requests that arrived before it started) and serving only once the
-//! cache has reached it; while waiting it asks the reflector for a
-//! progress watch, which advances a quiet resource within about a second.
-//! If the cache does not get there in time (250 ms for lists and gets, 3 s
-//! for watches, configurable), the request passes through: slower, never
-//! stale. Writes that went through the proxy are covered because they
-//! complete before the client's next request starts.
+//! write completed before the request.
+//! - A consistent **get** of one object passes straight through, before
+//!   any authentication or authorization work: kube-apiserver itself reads
+//!   single objects from etcd (`ConsistentListFromCache` covers lists
+//!   only), and one object costs upstream no more than the proof of
+//!   freshness would.
+//! - A consistent **list** learns upstream's current RV with a cheap
+//!   `limit=1` list (one in flight per resource, shared by every request
+//!   that arrived before it started) and is served from the cache if the
+//!   cache has reached that RV; otherwise it passes through at once
+//!   (`consistentListWaitMilliseconds`, default 0, allows a wait).
+//! - A consistent **watch** (a streaming list) waits up to 3 s, asking the
+//!   reflector for a progress watch, which advances a quiet resource
+//!   within about a second: an informer's start can wait that long, and
+//!   its whole watch is then served from the cache.
+//!
+//! Passing through is slower, never stale. Writes that went through the
+//! proxy are covered because they complete before the client's next
+//! request starts.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,6 +80,19 @@ pub struct Read<'a> {
     pub arrived: Instant,
 }
 
+/// Why a read must pass through whatever the cache holds, known from the
+/// request alone: checked before authenticating or authorizing it for the
+/// cache, so such reads cost no more than going direct.
+pub fn passes_through_early(info: &RequestInfo, query: Option<&str>) -> Option<&'static str> {
+    if info.verb != "get" {
+        return None;
+    }
+    let rv = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "resourceVersion")
+        .map(|(_, v)| v);
+    rv.is_none_or(|v| v.is_empty()).then_some("consistent get")
+}
+
 /// Answers `read` from `cache` or declines.
 pub async fn serve(
     cache: &Arc<ResourceCache>,
@@ -81,7 +104,7 @@ pub async fn serve(
         Answer::PassThrough("representation")
     } else {
         match read.info.verb.as_str() {
-            "get" => serve_get(cache, upstream, &read).await,
+            "get" => serve_get(cache, &read).await,
             "list" => serve_list(cache, upstream, &read).await,
             "watch" => serve_watch(cache, upstream, &read, shutdown).await,
             _ => Answer::PassThrough("verb"),
@@ -108,7 +131,9 @@ async fn ready(cache: &ResourceCache) -> Result<(), Answer> {
     }
 }
 
-/// Brings the cache to upstream's current RV, or declines.
+/// Proves the cache holds upstream's current state (it has reached the RV
+/// a probe started after the request arrived found upstream at), waiting
+/// at most `wait` for it; or declines.
 async fn consistent(
     cache: &ResourceCache,
     upstream: &Upstream,
@@ -121,7 +146,12 @@ async fn consistent(
         .upstream_rv(arrived, move || probe_rv(upstream, &info))
         .await
         .map_err(|_| Answer::PassThrough("probe failed"))?;
-    if cache.wait_fresh(target, wait, "consistent").await {
+    let fresh = if wait.is_zero() {
+        cache.rv() >= target
+    } else {
+        cache.wait_fresh(target, wait, "consistent").await
+    };
+    if fresh {
         Ok(())
     } else {
         Err(Answer::PassThrough("not fresh"))
@@ -140,7 +170,7 @@ async fn not_older_than(cache: &ResourceCache, rv: u64) -> Result<(), Status> {
     }
 }
 
-async fn serve_get(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read<'_>) -> Answer {
+async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>) -> Answer {
     let mut rv_param: Option<String> = None;
     for (k, v) in form_urlencoded::parse(read.query.unwrap_or("").as_bytes()) {
         match k.as_ref() {
@@ -153,18 +183,8 @@ async fn serve_get(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read<
         return a;
     }
     match rv_param.as_deref() {
-        None | Some("") => {
-            if let Err(a) = consistent(
-                cache,
-                upstream,
-                read.arrived,
-                cache.read.consistent_list_wait,
-            )
-            .await
-            {
-                return a;
-            }
-        }
+        // See `passes_through_early`.
+        None | Some("") => return Answer::PassThrough("consistent get"),
         Some("0") => {}
         Some(rv) => {
             let Ok(rv) = query::parse_resource_version(rv) else {
