@@ -120,6 +120,11 @@ pub struct TokenReviewConfig {
     pub cache_ttl_seconds: u64,
     /// How long a rejected token stays rejected, in seconds. Default 10.
     pub failure_cache_ttl_seconds: u64,
+    /// How long past its TTL a review's answer still stands in while the
+    /// apiserver cannot be asked (unreachable, hung, `5xx`), in seconds;
+    /// never past a JWT's expiry. Default 120: an apiserver restart does
+    /// not take away the reads the cache can answer. 0: never.
+    pub stale_if_unavailable_seconds: u64,
     /// Most tokens cached. Default 10000.
     pub cache_size: u64,
 }
@@ -129,6 +134,7 @@ impl Default for TokenReviewConfig {
         TokenReviewConfig {
             cache_ttl_seconds: 10,
             failure_cache_ttl_seconds: 10,
+            stale_if_unavailable_seconds: 120,
             cache_size: 10_000,
         }
     }
@@ -154,6 +160,12 @@ pub struct SubjectAccessReviewConfig {
     /// How long a denied decision is reused, in seconds. Default 10: a new
     /// grant takes effect within seconds.
     pub denied_cache_ttl_seconds: u64,
+    /// How long past its TTL a decision still stands in while the apiserver
+    /// cannot be asked (unreachable, hung, `5xx`), in seconds. Default 120:
+    /// an apiserver restart does not take away the reads the cache can
+    /// answer; a revocation made meanwhile reaches the proxy when the
+    /// apiserver answers again (docs/security.md). 0: never.
+    pub stale_if_unavailable_seconds: u64,
     /// Most decisions cached. Default 10000.
     pub cache_size: u64,
 }
@@ -163,6 +175,7 @@ impl Default for SubjectAccessReviewConfig {
         SubjectAccessReviewConfig {
             allowed_cache_ttl_seconds: 5,
             denied_cache_ttl_seconds: 10,
+            stale_if_unavailable_seconds: 120,
             cache_size: 10_000,
         }
     }

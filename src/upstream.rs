@@ -94,11 +94,23 @@ impl UpstreamError {
         }
     }
 
-    /// The `503 ServiceUnavailable` a client sees.
+    /// The `503 ServiceUnavailable` a client sees; with `Retry-After: 1`
+    /// when the apiserver could not be reached, so client-go retries.
     pub fn to_status(&self) -> Status {
-        Status::service_unavailable(self.to_string())
+        let status = Status::service_unavailable(self.to_string());
+        match self {
+            UpstreamError::Config(_) => status,
+            _ => status.with_details(crate::status::Details {
+                retry_after_seconds: Some(1),
+                ..Default::default()
+            }),
+        }
     }
 }
+
+/// HTTP/2 PING and TCP keepalive interval to the apiserver, and how long a
+/// PING may go unanswered.
+const KEEPALIVE: Duration = Duration::from_secs(5);
 
 type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
 type Pool = Client<TimeoutConnector<HttpsConnector>, Body>;
@@ -502,6 +514,11 @@ impl Transport {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
+        // A peer host that vanished (not a hung process: its kernel would
+        // still answer) is noticed within about 15 s even on HTTP/1.1.
+        http.set_keepalive(Some(KEEPALIVE));
+        http.set_keepalive_interval(Some(KEEPALIVE));
+        http.set_keepalive_retries(Some(2));
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
@@ -520,8 +537,11 @@ impl Transport {
         let pool = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(idle_timeout)
             .pool_timer(hyper_util::rt::TokioTimer::new())
-            .http2_keep_alive_interval(Some(Duration::from_secs(30)))
-            .http2_keep_alive_timeout(Duration::from_secs(10))
+            // A hung apiserver (or a black-holed path) is noticed within
+            // 2 × KEEPALIVE: its watches, pass-through requests and probes
+            // on the connection fail and are retried elsewhere.
+            .http2_keep_alive_interval(Some(KEEPALIVE))
+            .http2_keep_alive_timeout(KEEPALIVE)
             .timer(hyper_util::rt::TokioTimer::new())
             .build(connector);
         Transport {
@@ -652,7 +672,9 @@ mod tests {
         let err = u.send(req, Credentials::Client).await.unwrap_err();
         assert!(matches!(err, UpstreamError::Connect(_)), "{err:?}");
         assert!(start.elapsed() < Duration::from_secs(1));
-        assert_eq!(err.to_status().code, 503);
+        let status = err.to_status();
+        assert_eq!(status.code, 503);
+        assert_eq!(status.into_response().headers()["retry-after"], "1");
     }
 
     #[tokio::test]

@@ -33,7 +33,7 @@ use crate::upstream::Upstream;
 use super::UserInfo;
 use super::metrics::AuthMetrics;
 use super::review::{self, ReviewError};
-use super::ttl_cache::TtlCache;
+use super::ttl_cache::{Fetched, TtlCache};
 
 /// `authorizer.Attributes`: who wants to do what.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -66,6 +66,9 @@ pub enum Decision {
 pub struct AccessSettings {
     pub allowed_ttl: Duration,
     pub denied_ttl: Duration,
+    /// How long past its TTL a decision stands in while upstream cannot be
+    /// asked.
+    pub last_known: Duration,
     pub capacity: u64,
 }
 
@@ -296,7 +299,10 @@ impl AccessReviewer {
         let start = Instant::now();
         let spec = attrs.spec();
         let key: [u8; 32] = Sha256::digest(serde_json::to_vec(&spec).unwrap_or_default()).into();
-        let (result, source) = self.cache.get_or_fetch(key, self.review(spec)).await;
+        let (result, source) = self
+            .cache
+            .get_or_fetch(key, self.review(spec), ReviewError::is_unavailable)
+            .await;
         let label = match &result {
             Ok(Decision::Allow) => "allowed",
             Ok(Decision::Deny(_)) => "denied",
@@ -310,7 +316,7 @@ impl AccessReviewer {
     async fn review(
         &self,
         spec: SubjectAccessReviewSpec,
-    ) -> Result<(Decision, Duration), ReviewError> {
+    ) -> Result<Fetched<Decision>, ReviewError> {
         let request = SubjectAccessReview {
             spec,
             ..SubjectAccessReview::default()
@@ -322,8 +328,13 @@ impl AccessReviewer {
         )
         .await?;
         let status = answer.status.unwrap_or_default();
+        let fetched = |value, ttl: Duration| Fetched {
+            value,
+            ttl,
+            last_known: ttl + self.settings.last_known,
+        };
         if status.allowed {
-            return Ok((Decision::Allow, self.settings.allowed_ttl));
+            return Ok(fetched(Decision::Allow, self.settings.allowed_ttl));
         }
         if let Some(e) = status.evaluation_error.filter(|e| !e.is_empty()) {
             // The apiserver answers an authorizer error with a 500, not a
@@ -332,7 +343,7 @@ impl AccessReviewer {
                 "authorization evaluation error: {e}"
             )));
         }
-        Ok((
+        Ok(fetched(
             Decision::Deny(status.reason.unwrap_or_default()),
             self.settings.denied_ttl,
         ))

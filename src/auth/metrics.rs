@@ -34,7 +34,7 @@ impl AuthMetrics {
     pub fn new(registry: &Registry) -> Result<AuthMetrics, prometheus::Error> {
         let m = AuthMetrics {
             authentication: IntCounterVec::new(
-                Opts::new("authentication_total", "Bearer-token authentications of requests served from the cache, by result (authenticated|unauthenticated|error) and source (cache|upstream TokenReview).").namespace(NS),
+                Opts::new("authentication_total", "Bearer-token authentications of requests served from the cache, by result (authenticated|unauthenticated|error) and source (cache|upstream TokenReview|last_known: upstream unavailable, the last answer stood in).").namespace(NS),
                 &["result", "source"],
             )?,
             authentication_duration: HistogramVec::new(
@@ -44,7 +44,7 @@ impl AuthMetrics {
                 &["source"],
             )?,
             authorization: IntCounterVec::new(
-                Opts::new("authorization_total", "Authorization decisions (cached reads and impersonation checks), by result (allowed|denied|error) and source (cache|upstream SubjectAccessReview).").namespace(NS),
+                Opts::new("authorization_total", "Authorization decisions (cached reads and impersonation checks), by result (allowed|denied|error) and source (cache|upstream SubjectAccessReview|last_known: upstream unavailable, the last decision stood in).").namespace(NS),
                 &["result", "source"],
             )?,
             authorization_duration: HistogramVec::new(

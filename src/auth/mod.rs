@@ -117,6 +117,7 @@ impl Auth {
                 TokenSettings {
                     success_ttl: Duration::from_secs(t.cache_ttl_seconds),
                     failure_ttl: Duration::from_secs(t.failure_cache_ttl_seconds),
+                    last_known: Duration::from_secs(t.stale_if_unavailable_seconds),
                     capacity: t.cache_size,
                 },
                 metrics.clone(),
@@ -126,6 +127,7 @@ impl Auth {
                 AccessSettings {
                     allowed_ttl: Duration::from_secs(a.allowed_cache_ttl_seconds),
                     denied_ttl: Duration::from_secs(a.denied_cache_ttl_seconds),
+                    last_known: Duration::from_secs(a.stale_if_unavailable_seconds),
                     capacity: a.cache_size,
                 },
                 metrics,

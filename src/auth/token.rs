@@ -21,7 +21,7 @@ use crate::upstream::Upstream;
 use super::UserInfo;
 use super::metrics::AuthMetrics;
 use super::review::{self, ReviewError};
-use super::ttl_cache::TtlCache;
+use super::ttl_cache::{Fetched, TtlCache};
 
 /// What a token is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +37,9 @@ pub enum TokenResult {
 pub struct TokenSettings {
     pub success_ttl: Duration,
     pub failure_ttl: Duration,
+    /// How long past its TTL a review stands in while upstream cannot be
+    /// asked (never past a JWT's expiry).
+    pub last_known: Duration,
     pub capacity: u64,
 }
 
@@ -101,7 +104,11 @@ impl TokenAuthenticator {
         let start = Instant::now();
         let (result, source) = self
             .cache
-            .get_or_fetch(self.key(token), self.review(token))
+            .get_or_fetch(
+                self.key(token),
+                self.review(token),
+                ReviewError::is_unavailable,
+            )
             .await;
         let label = match &result {
             Ok(TokenResult::Authenticated(_)) => "authenticated",
@@ -113,7 +120,7 @@ impl TokenAuthenticator {
         result
     }
 
-    async fn review(&self, token: &str) -> Result<(TokenResult, Duration), ReviewError> {
+    async fn review(&self, token: &str) -> Result<Fetched<TokenResult>, ReviewError> {
         let request = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
@@ -137,8 +144,17 @@ impl TokenAuthenticator {
                 status.error.unwrap_or_default()
             )));
         }
+        let lifetime = jwt_lifetime(token);
+        let fetched = |value, ttl: Duration| {
+            let last_known = ttl + self.settings.last_known;
+            Fetched {
+                value,
+                ttl,
+                last_known: lifetime.map_or(last_known, |left| left.min(last_known)),
+            }
+        };
         if status.authenticated != Some(true) {
-            return Ok((TokenResult::Rejected, self.settings.failure_ttl));
+            return Ok(fetched(TokenResult::Rejected, self.settings.failure_ttl));
         }
         let user = status.user.unwrap_or_default();
         let user = UserInfo {
@@ -147,11 +163,11 @@ impl TokenAuthenticator {
             groups: user.groups.unwrap_or_default(),
             extra: user.extra.unwrap_or_default(),
         };
-        let ttl = match jwt_lifetime(token) {
+        let ttl = match lifetime {
             Some(left) => left.min(self.settings.success_ttl),
             None => self.settings.success_ttl,
         };
-        Ok((
+        Ok(fetched(
             TokenResult::Authenticated(user.with_authenticated_group()),
             ttl,
         ))
@@ -215,6 +231,7 @@ mod tests {
         let settings = TokenSettings {
             success_ttl: Duration::from_secs(60),
             failure_ttl: Duration::from_secs(10),
+            last_known: Duration::ZERO,
             capacity: 10,
         };
         let auth = TokenAuthenticator::new(upstream, settings, metrics);

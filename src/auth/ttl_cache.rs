@@ -2,11 +2,17 @@
 //! by a digest, where concurrent misses for one key share one fetch
 //! (moka's `try_get_with`) and failures are not cached. Both review caches
 //! (tokens and access decisions) are this.
+//!
+//! Each answer is also kept, for a bounded time past its TTL that its
+//! fetch sets, as the *last known* answer: when upstream cannot be asked
+//! (unreachable, hung, `5xx`), that answer is used instead of failing, so
+//! an apiserver restart does not take away reads the cache can still
+//! answer (docs/security.md, "While the apiserver is unreachable").
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A 32-byte digest.
 pub type Key = [u8; 32];
@@ -14,6 +20,19 @@ pub type Key = [u8; 32];
 struct Entry<V> {
     value: V,
     ttl: Duration,
+    /// How long, from the fetch, the answer may stand in while upstream
+    /// cannot be asked (at least `ttl`).
+    last_known: Duration,
+}
+
+/// An answer fetched from upstream, with how long it is fresh and how long
+/// (from now, at least `ttl`) it may stand in while upstream cannot be
+/// asked.
+#[derive(Debug, Clone)]
+pub struct Fetched<V> {
+    pub value: V,
+    pub ttl: Duration,
+    pub last_known: Duration,
 }
 
 struct Expiry;
@@ -29,6 +48,19 @@ impl<V> moka::Expiry<Key, Arc<Entry<V>>> for Expiry {
     }
 }
 
+struct LastKnownExpiry;
+
+impl<V> moka::Expiry<Key, Arc<Entry<V>>> for LastKnownExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &Key,
+        entry: &Arc<Entry<V>>,
+        _at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(entry.last_known.max(entry.ttl))
+    }
+}
+
 /// Where an answer came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -36,6 +68,8 @@ pub enum Source {
     Cache,
     /// This call fetched it.
     Upstream,
+    /// Upstream could not be asked; the last known answer, past its TTL.
+    LastKnown,
 }
 
 impl Source {
@@ -44,6 +78,7 @@ impl Source {
         match self {
             Source::Cache => "cache",
             Source::Upstream => "upstream",
+            Source::LastKnown => "last_known",
         }
     }
 }
@@ -51,7 +86,15 @@ impl Source {
 /// The cache.
 pub struct TtlCache<V> {
     cache: moka::future::Cache<Key, Arc<Entry<V>>>,
+    last_known: moka::sync::Cache<Key, Arc<Entry<V>>>,
+    /// Until when upstream counts as unavailable after a fetch found it
+    /// so: meanwhile a key with a last known answer is not fetched (each
+    /// read would otherwise wait for the fetch to time out).
+    unavailable_until: parking_lot::Mutex<Option<Instant>>,
 }
+
+/// How long upstream counts as unavailable after a fetch found it so.
+const UNAVAILABLE_FOR: Duration = Duration::from_secs(5);
 
 impl<V> std::fmt::Debug for TtlCache<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,38 +114,74 @@ impl<V: Clone + Send + Sync + 'static> TtlCache<V> {
                 .max_capacity(capacity)
                 .expire_after(Expiry)
                 .build(),
+            last_known: moka::sync::Cache::builder()
+                .max_capacity(capacity)
+                .expire_after(LastKnownExpiry)
+                .build(),
+            unavailable_until: parking_lot::Mutex::new(None),
         }
     }
 
-    /// The value for `key`, fetched with `fetch` (value and its TTL) on a
-    /// miss. A failed fetch is returned, not cached.
+    /// The value for `key`, fetched with `fetch` on a miss. A failed fetch
+    /// is not cached; when `unavailable` says the failure means upstream
+    /// could not be asked, the last known answer is returned if there is
+    /// one, else the error.
     ///
     /// # Errors
     /// The fetch's error.
-    pub async fn get_or_fetch<E, F>(&self, key: Key, fetch: F) -> (Result<V, E>, Source)
+    pub async fn get_or_fetch<E, F>(
+        &self,
+        key: Key,
+        fetch: F,
+        unavailable: impl Fn(&E) -> bool,
+    ) -> (Result<V, E>, Source)
     where
         E: Clone + Send + Sync + 'static,
-        F: Future<Output = Result<(V, Duration), E>>,
+        F: Future<Output = Result<Fetched<V>, E>>,
     {
+        let down = self
+            .unavailable_until
+            .lock()
+            .is_some_and(|until| Instant::now() < until);
+        if down
+            && self.cache.get(&key).await.is_none()
+            && let Some(last) = self.last_known.get(&key)
+        {
+            return (Ok(last.value.clone()), Source::LastKnown);
+        }
         let fetched = AtomicBool::new(false);
         let result = self
             .cache
             .try_get_with(key, async {
                 fetched.store(true, Ordering::Relaxed);
-                fetch
-                    .await
-                    .map(|(value, ttl)| Arc::new(Entry { value, ttl }))
+                let f = match fetch.await {
+                    Ok(f) => f,
+                    Err(e) => {
+                        if unavailable(&e) {
+                            *self.unavailable_until.lock() = Some(Instant::now() + UNAVAILABLE_FOR);
+                        }
+                        return Err(e);
+                    }
+                };
+                *self.unavailable_until.lock() = None;
+                let entry = Arc::new(Entry {
+                    value: f.value,
+                    ttl: f.ttl,
+                    last_known: f.last_known,
+                });
+                self.last_known.insert(key, entry.clone());
+                Ok(entry)
             })
             .await;
-        let source = if fetched.load(Ordering::Relaxed) {
-            Source::Upstream
-        } else {
-            Source::Cache
-        };
-        (
-            result.map(|e| e.value.clone()).map_err(|e| (*e).clone()),
-            source,
-        )
+        match result {
+            Ok(e) if fetched.load(Ordering::Relaxed) => (Ok(e.value.clone()), Source::Upstream),
+            Ok(e) => (Ok(e.value.clone()), Source::Cache),
+            Err(e) if unavailable(&e) => match self.last_known.get(&key) {
+                Some(last) => (Ok(last.value.clone()), Source::LastKnown),
+                None => (Err((*e).clone()), Source::Upstream),
+            },
+            Err(e) => (Err((*e).clone()), Source::Upstream),
+        }
     }
 
     /// Every entry, for inspection in tests.
@@ -116,7 +195,13 @@ impl<V: Clone + Send + Sync + 'static> TtlCache<V> {
 
     /// Inserts an entry (tests).
     pub async fn insert(&self, key: Key, value: V, ttl: Duration) {
-        self.cache.insert(key, Arc::new(Entry { value, ttl })).await;
+        let entry = Arc::new(Entry {
+            value,
+            ttl,
+            last_known: ttl,
+        });
+        self.last_known.insert(key, entry.clone());
+        self.cache.insert(key, entry).await;
     }
 }
 
@@ -124,29 +209,77 @@ impl<V: Clone + Send + Sync + 'static> TtlCache<V> {
 mod tests {
     use super::*;
 
+    fn fresh<V>(value: V, ttl_ms: u64, last_known_ms: u64) -> Fetched<V> {
+        Fetched {
+            value,
+            ttl: Duration::from_millis(ttl_ms),
+            last_known: Duration::from_millis(last_known_ms),
+        }
+    }
+
+    fn never(_: &&str) -> bool {
+        false
+    }
+
     #[tokio::test]
     async fn entries_expire_by_their_own_ttl_and_errors_are_not_cached() {
         let c: TtlCache<u32> = TtlCache::new(10);
         let (v, s) = c
-            .get_or_fetch::<(), _>([1; 32], async { Ok((1, Duration::from_millis(50))) })
+            .get_or_fetch([1; 32], async { Ok(fresh(1, 50, 50)) }, never)
             .await;
         assert_eq!((v, s), (Ok(1), Source::Upstream));
         let (v, s) = c
-            .get_or_fetch::<(), _>([1; 32], async { Ok((2, Duration::from_secs(60))) })
+            .get_or_fetch([1; 32], async { Ok(fresh(2, 60_000, 0)) }, never)
             .await;
         assert_eq!((v, s), (Ok(1), Source::Cache));
         tokio::time::sleep(Duration::from_millis(80)).await;
         let (v, _) = c
-            .get_or_fetch::<(), _>([1; 32], async { Ok((3, Duration::from_secs(60))) })
+            .get_or_fetch([1; 32], async { Ok(fresh(3, 60_000, 0)) }, never)
             .await;
         assert_eq!(v, Ok(3));
-        let (v, _) = c
-            .get_or_fetch([2; 32], async { Err::<(u32, Duration), _>("down") })
-            .await;
+        let (v, _) = c.get_or_fetch([2; 32], async { Err("down") }, never).await;
         assert_eq!(v, Err("down"));
         let (v, s) = c
-            .get_or_fetch::<&str, _>([2; 32], async { Ok((4, Duration::from_secs(60))) })
+            .get_or_fetch([2; 32], async { Ok(fresh(4, 60_000, 0)) }, never)
             .await;
         assert_eq!((v, s), (Ok(4), Source::Upstream));
+    }
+
+    #[tokio::test]
+    async fn the_last_known_answer_stands_in_only_while_upstream_is_unavailable() {
+        let c: TtlCache<u32> = TtlCache::new(10);
+        let unavailable = |e: &&str| *e == "unavailable";
+        let (v, _) = c
+            .get_or_fetch([1; 32], async { Ok(fresh(1, 20, 300)) }, unavailable)
+            .await;
+        assert_eq!(v, Ok(1));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        // Past its TTL: asked again. Any failure but unavailability is
+        // returned.
+        let (v, _) = c
+            .get_or_fetch([1; 32], async { Err("forbidden") }, unavailable)
+            .await;
+        assert_eq!(v, Err("forbidden"));
+        // Upstream unavailable: the last known answer.
+        let (v, s) = c
+            .get_or_fetch([1; 32], async { Err("unavailable") }, unavailable)
+            .await;
+        assert_eq!((v, s), (Ok(1), Source::LastKnown));
+        // Meanwhile upstream is not asked again for a key with a last
+        // known answer; one without fails as before.
+        let (v, s) = c
+            .get_or_fetch([1; 32], async { Ok(fresh(9, 60_000, 0)) }, unavailable)
+            .await;
+        assert_eq!((v, s), (Ok(1), Source::LastKnown));
+        let (v, _) = c
+            .get_or_fetch([2; 32], async { Err("unavailable") }, unavailable)
+            .await;
+        assert_eq!(v, Err("unavailable"));
+        // Not past its last-known lifetime.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (v, _) = c
+            .get_or_fetch([1; 32], async { Err("unavailable") }, unavailable)
+            .await;
+        assert_eq!(v, Err("unavailable"));
     }
 }

@@ -105,8 +105,20 @@ enum WatchEnd {
     Progressed,
 }
 
-/// Exponential backoff with jitter: 0.2 s doubling up to 30 s, each delay
-/// drawn from [50 %, 150 %] of the nominal value.
+/// How long a consistency probe may take: it is a `limit=1` list, so a
+/// slower one means upstream is in trouble, and the read passes through.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long upstream may be unwatchable before readiness reports the cache
+/// stale.
+const STALE_AFTER: Duration = Duration::from_secs(5);
+
+/// Exponential backoff with jitter: 0.2 s doubling up to 1.6 s, each delay
+/// drawn from [50 %, 150 %] of the nominal value, reset by every success.
+/// The cap is low so that the cache resumes within about 2 s of the
+/// apiserver's return; what the retries cost a down apiserver is a
+/// connection attempt, and a resumed watch costs it little (a relist after
+/// its restart is the same for the proxy as for every informer).
 #[derive(Debug, Default)]
 struct Backoff {
     attempt: u32,
@@ -114,7 +126,7 @@ struct Backoff {
 
 impl Backoff {
     fn next(&mut self) -> Duration {
-        let nominal = (0.2 * 2f64.powi(self.attempt.min(8) as i32)).min(30.0);
+        let nominal = (0.2 * 2f64.powi(self.attempt.min(8) as i32)).min(1.6);
         self.attempt += 1;
         Duration::from_secs_f64(nominal * (0.5 + fastrand::f64()))
     }
@@ -165,6 +177,8 @@ impl Reflector {
                     if !self.cache.is_synced() {
                         self.readiness
                             .set(&check, Err(format!("initial list not done: {error}")));
+                    } else {
+                        self.upstream_down(&check);
                     }
                     if !self.sleep(backoff.next()).await {
                         break;
@@ -192,6 +206,7 @@ impl Reflector {
                     Err(error) => {
                         self.cache.metrics.watch_restart("error");
                         tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
+                        self.upstream_down(&check);
                         if !self.sleep(backoff.next()).await {
                             break 'relist;
                         }
@@ -200,6 +215,30 @@ impl Reflector {
             }
         }
         progress.abort();
+    }
+
+    /// Notes that upstream could not be watched; once that has lasted
+    /// [`STALE_AFTER`], readiness says so: the cache still answers what
+    /// may be answered from a stale cache, but it is no longer current.
+    fn upstream_down(&self, check: &str) {
+        let since = self.cache.upstream_down();
+        if since.elapsed() >= STALE_AFTER {
+            self.readiness.set(
+                check,
+                Err(format!(
+                    "upstream watch down for {}s; serving state at resourceVersion {}",
+                    since.elapsed().as_secs(),
+                    self.cache.rv()
+                )),
+            );
+        }
+    }
+
+    /// Notes that an upstream watch is open again.
+    fn upstream_up(&self, check: &str) {
+        if self.cache.upstream_up() {
+            self.readiness.set(check, Ok(()));
+        }
     }
 
     /// Sleeps unless shut down first; returns whether to go on.
@@ -316,6 +355,9 @@ impl Reflector {
             self.cache.info().reads_as.as_ref(),
         )
         .await?;
+        if !progress {
+            self.upstream_up(&self.check_name());
+        }
         let mut body = resp.into_body();
         let mut buf = BytesMut::new();
         loop {
@@ -457,7 +499,7 @@ pub fn probe_rv(
         );
     }
     let reads_as = info.reads_as.clone();
-    async move {
+    let probe = async move {
         let resp = get(&upstream, &q, reads_as.as_ref())
             .await
             .map_err(|e| e.to_string())?;
@@ -467,6 +509,11 @@ pub fn probe_rv(
             .resource_version
             .parse::<u64>()
             .map_err(|_| "probe list has no resourceVersion".to_string())
+    };
+    async move {
+        tokio::time::timeout(PROBE_TIMEOUT, probe)
+            .await
+            .map_err(|_| format!("no answer in {PROBE_TIMEOUT:?}"))?
     }
     .boxed()
 }

@@ -91,6 +91,8 @@ pub struct ResourceCache {
     bookmark_template: Mutex<Option<Value>>,
     snapshots: moka::sync::Cache<u64, Objects>,
     probe: Mutex<ProbeSlot>,
+    /// Since when upstream could not be watched, if it cannot.
+    upstream_down_since: Mutex<Option<Instant>>,
     pub metrics: ResourceMetrics,
 }
 
@@ -129,6 +131,7 @@ impl ResourceCache {
                 .time_to_live(Duration::from_secs(60))
                 .build(),
             probe: Mutex::new(ProbeSlot::default()),
+            upstream_down_since: Mutex::new(None),
             metrics,
         }
     }
@@ -246,6 +249,19 @@ impl ResourceCache {
             }
         }
         frame("BOOKMARK", &serde_json::to_vec(&object).unwrap_or_default())
+    }
+
+    /// Records that upstream could not be watched; returns since when.
+    pub fn upstream_down(&self) -> Instant {
+        *self
+            .upstream_down_since
+            .lock()
+            .get_or_insert_with(Instant::now)
+    }
+
+    /// Records that an upstream watch is open; returns whether it was down.
+    pub fn upstream_up(&self) -> bool {
+        self.upstream_down_since.lock().take().is_some()
     }
 
     // --- reader side ---
