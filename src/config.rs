@@ -228,6 +228,38 @@ pub struct CacheConfig {
     /// How long a read waits for its resource's first list before passing
     /// through. Default 2000 ms.
     pub ready_wait_milliseconds: u64,
+    /// Snapshots of the cache on the node's disk, so a restarted proxy
+    /// resumes instead of relisting.
+    pub persistence: PersistenceConfig,
+}
+
+/// Cache snapshots on disk (`cache/persist.rs`): written periodically, at
+/// shutdown and when a successor takes over; read at start, when the
+/// proxy serves from them at once and resumes each upstream watch from
+/// the snapshot's resourceVersion, listing only if the apiserver answers
+/// `410 Gone`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct PersistenceConfig {
+    /// Directory of the snapshots, created 0700 if missing; files are
+    /// 0600. Unset (default): no snapshots.
+    pub directory: Option<PathBuf>,
+    /// Seconds between writes of the snapshots of resources that changed.
+    /// Default 60.
+    pub interval_seconds: u64,
+    /// Most bytes all snapshots may take; a resource that would not fit is
+    /// not persisted. Default 536870912 (512 MiB).
+    pub max_bytes: u64,
+}
+
+impl Default for PersistenceConfig {
+    fn default() -> Self {
+        PersistenceConfig {
+            directory: None,
+            interval_seconds: 60,
+            max_bytes: 512 << 20,
+        }
+    }
 }
 
 /// One cached resource (a GVR).
@@ -295,6 +327,7 @@ impl Default for CacheConfig {
             consistent_watch_wait_milliseconds: 3000,
             not_older_than_wait_milliseconds: 3000,
             ready_wait_milliseconds: 2000,
+            persistence: PersistenceConfig::default(),
         }
     }
 }
@@ -328,6 +361,12 @@ impl CacheConfig {
         if self.min_request_timeout_seconds == 0 {
             return Err(ConfigError::invalid(
                 "cache.minRequestTimeoutSeconds",
+                "must be at least 1",
+            ));
+        }
+        if self.persistence.interval_seconds == 0 {
+            return Err(ConfigError::invalid(
+                "cache.persistence.intervalSeconds",
                 "must be at least 1",
             ));
         }

@@ -173,7 +173,16 @@ pub async fn run(
             message,
         })?;
     let caches = cache::Caches::new(&cache_config, &config.node_name, &identity, &cache_metrics)?;
-    caches.spawn_reflectors(&upstream, &readiness, &token);
+    let snapshots = snapshots(&config.cache.persistence, &kube_config);
+    caches.spawn_reflectors(&upstream, &readiness, snapshots.as_ref(), &token);
+    let persister = snapshots.map(|s| {
+        let p = Arc::new(cache::persist::Persister::new(
+            s,
+            caches.iter().cloned().collect(),
+        ));
+        let interval = Duration::from_secs(config.cache.persistence.interval_seconds);
+        (p.clone(), tokio::spawn(p.run(interval, token.clone())))
+    });
     let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let auth = auth::Auth::new(
         &upstream,
@@ -214,8 +223,32 @@ pub async fn run(
         }
         _ = &mut serving => {}
     }
+    if let Some((_, task)) = persister {
+        // The final snapshots, written after the last request.
+        let _ = task.await;
+    }
     admin_token.cancel();
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The snapshot directory, if configured and usable (a directory that
+/// cannot be created is logged and the proxy runs without snapshots).
+fn snapshots(
+    config: &config::PersistenceConfig,
+    kube_config: &kube::Config,
+) -> Option<Arc<cache::persist::Snapshots>> {
+    let dir = config.directory.as_ref()?;
+    let upstream = cache::persist::upstream_digest(
+        &kube_config.cluster_url.to_string(),
+        kube_config.root_cert.as_deref().unwrap_or_default(),
+    );
+    match cache::persist::Snapshots::new(dir, config.max_bytes, upstream) {
+        Ok(s) => Some(Arc::new(s)),
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot use the snapshot directory; running without snapshots");
+            None
+        }
+    }
 }

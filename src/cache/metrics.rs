@@ -23,6 +23,8 @@ pub struct CacheMetrics {
     reads: IntCounterVec,
     consistency_probes: IntCounterVec,
     progress_watches: IntCounterVec,
+    snapshots: IntCounterVec,
+    snapshot_bytes: IntGaugeVec,
 }
 
 impl std::fmt::Debug for CacheMetrics {
@@ -45,6 +47,7 @@ pub struct ResourceMetrics {
     pub watchers: IntGauge,
     pub events_dispatched: IntCounter,
     pub progress_watches: IntCounter,
+    pub snapshot_bytes: IntGauge,
 }
 
 impl std::fmt::Debug for ResourceMetrics {
@@ -93,6 +96,8 @@ impl CacheMetrics {
             reads: counter("cache_reads_total", "Reads of cached resources, by verb and how they were answered (cache|upstream) and why.", &["verb", "source", "reason"])?,
             consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes for consistent reads, by result (ok|error).", &["result"])?,
             progress_watches: counter("cache_progress_watches_total", "Short upstream watches opened to learn the cache is fresh.", &[])?,
+            snapshots: counter("cache_snapshots_total", "Cache snapshots on disk, by operation (load|save) and result (load: loaded|absent|discarded|error; save: saved|too_large|error).", &["operation", "result"])?,
+            snapshot_bytes: gauge("cache_snapshot_bytes", "Size of the resource's snapshot on disk, in bytes (0: none).")?,
         };
         registry.register(Box::new(m.objects.clone()))?;
         registry.register(Box::new(m.bytes.clone()))?;
@@ -108,6 +113,8 @@ impl CacheMetrics {
         registry.register(Box::new(m.reads.clone()))?;
         registry.register(Box::new(m.consistency_probes.clone()))?;
         registry.register(Box::new(m.progress_watches.clone()))?;
+        registry.register(Box::new(m.snapshots.clone()))?;
+        registry.register(Box::new(m.snapshot_bytes.clone()))?;
         Ok(m)
     }
 
@@ -126,6 +133,7 @@ impl CacheMetrics {
             watchers: self.watchers.with_label_values(&l),
             events_dispatched: self.events_dispatched.with_label_values(&l),
             progress_watches: self.progress_watches.with_label_values(&l),
+            snapshot_bytes: self.snapshot_bytes.with_label_values(&l),
         }
     }
 }
@@ -135,6 +143,14 @@ impl CacheMetrics {
 impl ResourceMetrics {
     fn l3<'a>(&'a self, third: &'a str) -> [&'a str; 3] {
         [&self.group, &self.resource, third]
+    }
+
+    /// Counts a snapshot load or save.
+    pub fn snapshot(&self, operation: &str, result: &str) {
+        self.families
+            .snapshots
+            .with_label_values(&[&self.group, &self.resource, operation, result])
+            .inc();
     }
 
     /// Counts an upstream watch restart.

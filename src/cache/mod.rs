@@ -9,6 +9,7 @@ pub mod list;
 pub mod metrics;
 pub mod negotiate;
 pub mod object;
+pub mod persist;
 pub mod query;
 pub mod reflector;
 pub mod resource;
@@ -131,11 +132,13 @@ impl Caches {
         self.by_gvr.values()
     }
 
-    /// Starts one reflector per cache.
+    /// Starts one reflector per cache, resuming from `snapshots` where
+    /// they hold a usable snapshot.
     pub fn spawn_reflectors(
         &self,
         upstream: &Upstream,
         readiness: &Readiness,
+        snapshots: Option<&Arc<persist::Snapshots>>,
         shutdown: &CancellationToken,
     ) {
         for cache in self.by_gvr.values() {
@@ -144,6 +147,7 @@ impl Caches {
                 upstream: upstream.clone(),
                 readiness: readiness.clone(),
                 shutdown: shutdown.clone(),
+                snapshots: snapshots.cloned(),
             };
             tokio::spawn(reflector.run());
         }

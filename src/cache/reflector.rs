@@ -33,6 +33,7 @@ use crate::upstream::{Credentials, Upstream, error_chain};
 
 use super::event::EventType;
 use super::object::CachedObject;
+use super::persist::Snapshots;
 use super::resource::{ResourceCache, ResourceInfo};
 
 /// Items per upstream list page.
@@ -143,6 +144,8 @@ pub struct Reflector {
     pub upstream: Upstream,
     pub readiness: Readiness,
     pub shutdown: CancellationToken,
+    /// Where to resume from instead of listing, if anywhere.
+    pub snapshots: Option<Arc<Snapshots>>,
 }
 
 // === impl Reflector ===
@@ -163,14 +166,25 @@ impl Reflector {
         self.readiness.register(&check, "initial list not done");
         let progress = tokio::spawn(self.clone().progress_loop());
         let mut backoff = Backoff::default();
+        // From a snapshot, the first step is a watch from its RV.
+        let mut resume = self.load_snapshot(&check).await;
         'relist: loop {
             if self.shutdown.is_cancelled() {
                 break;
             }
-            match self.list().await {
+            let listed = if std::mem::take(&mut resume) {
+                Ok(())
+            } else {
+                self.list().await.inspect(|()| {
+                    self.cache.upstream_up();
+                })
+            };
+            match listed {
                 Ok(()) => {
                     backoff.reset();
-                    self.readiness.set(&check, Ok(()));
+                    if self.cache.upstream_down_since().is_none() {
+                        self.readiness.set(&check, Ok(()));
+                    }
                 }
                 Err(error) => {
                     tracing::warn!(resource = %check, %error, "upstream list failed");
@@ -203,6 +217,16 @@ impl Reflector {
                         tracing::info!(resource = %check, %message, "upstream watch expired; relisting");
                         continue 'relist;
                     }
+                    // Upstream is behind the cache (restored from a backup,
+                    // or a snapshot from before that): only a list helps.
+                    Err(ReflectorError::Status { status, message })
+                        if status == StatusCode::GATEWAY_TIMEOUT
+                            && message.contains("Too large resource version") =>
+                    {
+                        self.cache.metrics.watch_restart("expired");
+                        tracing::warn!(resource = %check, %message, "upstream is behind the cache; relisting");
+                        continue 'relist;
+                    }
                     Err(error) => {
                         self.cache.metrics.watch_restart("error");
                         tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
@@ -215,6 +239,55 @@ impl Reflector {
             }
         }
         progress.abort();
+    }
+
+    /// Fills the cache from its snapshot, if there is a usable one, and
+    /// returns whether it did; an unusable one is discarded with a log
+    /// line. Readiness waits for the first upstream watch from it.
+    async fn load_snapshot(&self, check: &str) -> bool {
+        let Some(snapshots) = self.snapshots.clone() else {
+            return false;
+        };
+        let info = self.cache.info().clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let r = snapshots.load(&info);
+            if r.is_err() {
+                snapshots.discard(&info);
+            }
+            r
+        })
+        .await;
+        let metrics = &self.cache.metrics;
+        match loaded {
+            Ok(Ok(Some((rv, items)))) => {
+                let objects = items.len();
+                self.cache.replace(items, rv);
+                self.cache.upstream_down();
+                self.readiness.set(
+                    check,
+                    Err(format!(
+                        "resuming the upstream watch from a snapshot at resourceVersion {rv}"
+                    )),
+                );
+                metrics.snapshot("load", "loaded");
+                tracing::info!(resource = %check, objects, rv, "loaded the cache from its snapshot; resuming the upstream watch");
+                true
+            }
+            Ok(Ok(None)) => {
+                metrics.snapshot("load", "absent");
+                false
+            }
+            Ok(Err(error)) => {
+                metrics.snapshot("load", "discarded");
+                tracing::warn!(resource = %check, %error, "discarded the cache's snapshot; listing");
+                false
+            }
+            Err(error) => {
+                metrics.snapshot("load", "error");
+                tracing::warn!(resource = %check, %error, "reading the cache's snapshot failed; listing");
+                false
+            }
+        }
     }
 
     /// Notes that upstream could not be watched; once that has lasted

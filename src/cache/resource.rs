@@ -259,6 +259,11 @@ impl ResourceCache {
             .get_or_insert_with(Instant::now)
     }
 
+    /// Since when upstream could not be watched, if it cannot.
+    pub fn upstream_down_since(&self) -> Option<Instant> {
+        *self.upstream_down_since.lock()
+    }
+
     /// Records that an upstream watch is open; returns whether it was down.
     pub fn upstream_up(&self) -> bool {
         self.upstream_down_since.lock().take().is_some()

@@ -1,0 +1,608 @@
+//! Watch-cache snapshots on the node's disk (`cache.persistence`), so a
+//! restarted or upgraded proxy serves at once and resumes each upstream
+//! watch from where the last process left off instead of listing every
+//! resource again: a DaemonSet rollout then costs the apiserver one cheap
+//! watch resume per resource and node, not a relist.
+//!
+//! One file per resource, written atomically (a temporary file, `fsync`,
+//! `rename`, `fsync` of the directory), mode 0600 in a 0700 directory (it
+//! holds cluster data the node may read):
+//!
+//! ```text
+//! "KCPSNAP\n"  u32 format (LE)  u32 header length  header (JSON)
+//! { u32 object length  object (the JSON the apiserver sent) } × objects
+//! SHA-256 of everything before it (32 bytes)
+//! ```
+//!
+//! The header names the resource, its cache scope, the identity the cache
+//! reads as, the upstream it came from (a digest of the apiserver's URL and
+//! CA) and its resourceVersion. A snapshot that is truncated, corrupt
+//! (checksum), of another format, or from another upstream, resource or
+//! scope is discarded with a log line, never served. Snapshots are bounded
+//! in total size (`maxBytes`); a resource that does not fit is not
+//! persisted (and lists on the next start).
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::object::CachedObject;
+use super::resource::{ResourceCache, ResourceInfo};
+use super::store::Objects;
+
+/// The file's first bytes.
+const MAGIC: &[u8; 8] = b"KCPSNAP\n";
+/// The layout written; any other is discarded.
+const FORMAT: u32 = 1;
+/// Longest header accepted.
+const MAX_HEADER: u32 = 64 << 10;
+
+/// Why a snapshot was not used.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Reading or writing failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// Not a snapshot this proxy can trust: truncated, corrupt, another
+    /// format, or another resource, scope or upstream.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What identifies the state a snapshot holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Header {
+    /// `group/version/resource` (core group: `/v1/pods`).
+    gvr: String,
+    /// The upstream field selector the cache is limited to.
+    scope: String,
+    /// `Impersonate-User` of the cache's upstream reads.
+    reads_as: String,
+    /// Digest of the apiserver's URL and CA bundle.
+    upstream: String,
+    resource_version: u64,
+    objects: u64,
+}
+
+/// The snapshot directory and its limits.
+#[derive(Debug)]
+pub struct Snapshots {
+    dir: PathBuf,
+    max_bytes: u64,
+    upstream: String,
+    /// Size of each resource's current file, for the total bound.
+    sizes: Mutex<HashMap<String, u64>>,
+}
+
+/// A hex SHA-256 of the upstream's URL and CA certificates (DER): a
+/// snapshot from another cluster does not match.
+pub fn upstream_digest(url: &str, ca_certificates: &[Vec<u8>]) -> String {
+    let mut h = Sha256::new();
+    h.update(url.as_bytes());
+    for c in ca_certificates {
+        h.update((c.len() as u64).to_le_bytes());
+        h.update(c);
+    }
+    hex(&h.finalize())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A writer that hashes what it writes.
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+    written: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+// === impl Snapshots ===
+
+impl Snapshots {
+    /// Snapshots in `dir` (created 0700 if missing), at most `max_bytes`
+    /// in all, for the apiserver `upstream` identifies.
+    ///
+    /// # Errors
+    /// When the directory cannot be created.
+    pub fn new(dir: &Path, max_bytes: u64, upstream: String) -> io::Result<Snapshots> {
+        create_private_dir(dir)?;
+        Ok(Snapshots {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            upstream,
+            sizes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The file name of `info`'s snapshot.
+    pub fn file_name(info: &ResourceInfo) -> String {
+        let g = &info.gvr;
+        if g.group.is_empty() {
+            format!("{}.{}.snapshot", g.resource, g.version)
+        } else {
+            format!("{}.{}.{}.snapshot", g.resource, g.version, g.group)
+        }
+    }
+
+    /// Where `info`'s snapshot lives.
+    pub fn path(&self, info: &ResourceInfo) -> PathBuf {
+        self.dir.join(Self::file_name(info))
+    }
+
+    fn header(&self, info: &ResourceInfo, rv: u64, objects: u64) -> Header {
+        let g = &info.gvr;
+        Header {
+            gvr: format!("{}/{}/{}", g.group, g.version, g.resource),
+            scope: info.scope.to_string(),
+            reads_as: info
+                .reads_as
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string(),
+            upstream: self.upstream.clone(),
+            resource_version: rv,
+            objects,
+        }
+    }
+
+    /// Reads `info`'s snapshot: its resourceVersion and objects, `None`
+    /// when there is none.
+    ///
+    /// # Errors
+    /// [`SnapshotError`] when it cannot be read or must not be used; the
+    /// caller discards it.
+    pub fn load(
+        &self,
+        info: &ResourceInfo,
+    ) -> Result<Option<(u64, Vec<CachedObject>)>, SnapshotError> {
+        let path = self.path(info);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let len = file.metadata()?.len();
+        if len > self.max_bytes {
+            return Err(invalid(format!(
+                "{len} bytes, over the {} allowed",
+                self.max_bytes
+            )));
+        }
+        let mut data = Vec::with_capacity(len as usize);
+        file.take(self.max_bytes).read_to_end(&mut data)?;
+        let (rv, objects) = self.decode(info, &data)?;
+        self.sizes.lock().insert(Self::file_name(info), len);
+        Ok(Some((rv, objects)))
+    }
+
+    fn decode(
+        &self,
+        info: &ResourceInfo,
+        data: &[u8],
+    ) -> Result<(u64, Vec<CachedObject>), SnapshotError> {
+        if data.len() < MAGIC.len() + 8 + 32 || !data.starts_with(MAGIC) {
+            return Err(invalid("not a snapshot, or truncated".into()));
+        }
+        let (body, sum) = data.split_at(data.len() - 32);
+        if Sha256::digest(body).as_slice() != sum {
+            return Err(invalid("checksum mismatch (truncated or corrupt)".into()));
+        }
+        let mut r = Reader {
+            data: body,
+            at: MAGIC.len(),
+        };
+        let format = r.u32()?;
+        if format != FORMAT {
+            return Err(invalid(format!(
+                "format {format}, this proxy reads {FORMAT}"
+            )));
+        }
+        let header_len = r.u32()?;
+        if header_len > MAX_HEADER {
+            return Err(invalid("header too long".into()));
+        }
+        let header: Header = serde_json::from_slice(r.bytes(header_len as usize)?)
+            .map_err(|e| invalid(format!("header: {e}")))?;
+        let expected = self.header(info, header.resource_version, header.objects);
+        if header != expected {
+            return Err(invalid(format!(
+                "written for {} (scope {:?}, as {:?}, upstream {}), not this cache's {} \
+                 (scope {:?}, as {:?}, upstream {})",
+                header.gvr,
+                header.scope,
+                header.reads_as,
+                short(&header.upstream),
+                expected.gvr,
+                expected.scope,
+                expected.reads_as,
+                short(&expected.upstream),
+            )));
+        }
+        let mut objects = Vec::with_capacity(header.objects.min(1 << 20) as usize);
+        for _ in 0..header.objects {
+            let len = r.u32()? as usize;
+            let json = r.bytes(len)?;
+            let o = CachedObject::from_json(json, info.field_set, info.namespaced)
+                .map_err(|e| invalid(format!("object: {e}")))?;
+            objects.push(o);
+        }
+        if r.at != body.len() {
+            return Err(invalid("trailing bytes".into()));
+        }
+        Ok((header.resource_version, objects))
+    }
+
+    /// Writes `info`'s snapshot of `objects` at `rv` atomically, unless
+    /// that would take the snapshots over `maxBytes` in all (then any old
+    /// one is removed: it would only lead to a relist). Returns the bytes
+    /// written, or `None` when it did not fit.
+    ///
+    /// # Errors
+    /// When writing fails (any partial file is removed).
+    pub fn save(
+        &self,
+        info: &ResourceInfo,
+        objects: &Objects,
+        rv: u64,
+    ) -> Result<Option<u64>, SnapshotError> {
+        let name = Self::file_name(info);
+        let path = self.dir.join(&name);
+        let size = MAGIC.len() as u64
+            + 8
+            + serde_json::to_vec(&self.header(info, rv, objects.len() as u64))
+                .map_err(|e| invalid(e.to_string()))?
+                .len() as u64
+            + objects
+                .values()
+                .map(|o| 4 + o.json().len() as u64)
+                .sum::<u64>()
+            + 32;
+        let others: u64 = self
+            .sizes
+            .lock()
+            .iter()
+            .filter(|(k, _)| **k != name)
+            .map(|(_, v)| *v)
+            .sum();
+        if others + size > self.max_bytes {
+            self.sizes.lock().remove(&name);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(None);
+        }
+        let tmp = self.dir.join(format!(".{name}.tmp-{}", std::process::id()));
+        let result = self.write_file(&tmp, info, objects, rv);
+        if let Err(e) = result {
+            let _ = fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        if let Err(e) = fs::rename(&tmp, &path).and_then(|()| sync_dir(&self.dir)) {
+            let _ = fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        self.sizes.lock().insert(name, size);
+        Ok(Some(size))
+    }
+
+    fn write_file(
+        &self,
+        tmp: &Path,
+        info: &ResourceInfo,
+        objects: &Objects,
+        rv: u64,
+    ) -> io::Result<()> {
+        let file = private_file(tmp)?;
+        let mut w = Hashing {
+            inner: BufWriter::with_capacity(1 << 16, file),
+            hash: Sha256::new(),
+            written: 0,
+        };
+        let header = serde_json::to_vec(&self.header(info, rv, objects.len() as u64))
+            .map_err(io::Error::other)?;
+        w.write_all(MAGIC)?;
+        w.write_all(&FORMAT.to_le_bytes())?;
+        w.write_all(
+            &u32::try_from(header.len())
+                .map_err(io::Error::other)?
+                .to_le_bytes(),
+        )?;
+        w.write_all(&header)?;
+        for o in objects.values() {
+            let json = o.json();
+            w.write_all(
+                &u32::try_from(json.len())
+                    .map_err(io::Error::other)?
+                    .to_le_bytes(),
+            )?;
+            w.write_all(json)?;
+        }
+        let sum = w.hash.finalize_reset();
+        let mut inner = w.inner;
+        inner.write_all(&sum)?;
+        let file = inner.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()
+    }
+
+    /// Removes `info`'s snapshot (after it was found unusable).
+    pub fn discard(&self, info: &ResourceInfo) {
+        self.sizes.lock().remove(&Self::file_name(info));
+        let _ = fs::remove_file(self.path(info));
+    }
+}
+
+/// Writes the caches' snapshots: periodically, when asked (a successor
+/// taking over), and once more at shutdown.
+#[derive(Debug)]
+pub struct Persister {
+    snapshots: Arc<Snapshots>,
+    caches: Vec<Arc<ResourceCache>>,
+    /// The RV each cache's snapshot was last written at.
+    saved: tokio::sync::Mutex<HashMap<String, u64>>,
+}
+
+impl Persister {
+    /// A persister of `caches` into `snapshots`.
+    pub fn new(snapshots: Arc<Snapshots>, caches: Vec<Arc<ResourceCache>>) -> Persister {
+        Persister {
+            snapshots,
+            caches,
+            saved: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Writes the snapshot of every synced cache that changed since its
+    /// last one. One call at a time; the files are written off the async
+    /// runtime, from O(1) copies of the stores taken under their locks.
+    pub async fn save_all(&self) {
+        let mut saved = self.saved.lock().await;
+        for cache in &self.caches {
+            let info = cache.info().clone();
+            let name = Snapshots::file_name(&info);
+            let (objects, rv) = {
+                let s = cache.lock();
+                if !s.is_synced() {
+                    continue;
+                }
+                (s.objects().clone(), s.rv())
+            };
+            if saved.get(&name) == Some(&rv) {
+                continue;
+            }
+            let snapshots = self.snapshots.clone();
+            let result =
+                tokio::task::spawn_blocking(move || snapshots.save(&info, &objects, rv)).await;
+            let metrics = &cache.metrics;
+            match result {
+                Ok(Ok(Some(bytes))) => {
+                    metrics.snapshot("save", "saved");
+                    metrics
+                        .snapshot_bytes
+                        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                    saved.insert(name, rv);
+                }
+                Ok(Ok(None)) => {
+                    metrics.snapshot("save", "too_large");
+                    metrics.snapshot_bytes.set(0);
+                    tracing::warn!(resource = %name, "snapshot not written: it would take the snapshots over cache.persistence.maxBytes");
+                    saved.insert(name, rv);
+                }
+                Ok(Err(error)) => {
+                    metrics.snapshot("save", "error");
+                    tracing::warn!(resource = %name, %error, "writing the snapshot failed");
+                }
+                Err(error) => {
+                    metrics.snapshot("save", "error");
+                    tracing::warn!(resource = %name, %error, "writing the snapshot failed");
+                }
+            }
+        }
+    }
+
+    /// Saves every `interval` until `shutdown`, then once more.
+    pub async fn run(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(interval) => self.save_all().await,
+            }
+        }
+        self.save_all().await;
+    }
+}
+
+fn invalid(message: String) -> SnapshotError {
+    SnapshotError::Invalid(message)
+}
+
+fn short(digest: &str) -> &str {
+    digest.get(..12).unwrap_or(digest)
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|e| *e <= self.data.len())
+            .ok_or_else(|| invalid("truncated".into()))?;
+        let out = &self.data[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn u32(&mut self) -> Result<u32, SnapshotError> {
+        let b = self.bytes(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+#[cfg(unix)]
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+#[cfg(not(unix))]
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)
+}
+
+#[cfg(unix)]
+fn private_file(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn private_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::resource::tests::test_cache;
+
+    fn objects(n: usize) -> Objects {
+        let mut out = Objects::new();
+        for i in 0..n {
+            let json = format!(
+                r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"name":"cm-{i}","namespace":"ns","resourceVersion":"{}","labels":{{"app":"a"}}}},"data":{{"k":"v"}}}}"#,
+                10 + i
+            );
+            let o = Arc::new(
+                CachedObject::from_json(json.as_bytes(), crate::resource::FieldSet::Default, true)
+                    .unwrap(),
+            );
+            out.insert(o.key_arc().clone(), o);
+        }
+        out
+    }
+
+    fn dir() -> PathBuf {
+        std::env::temp_dir().join(format!("kcp-snap-{}", uuid::Uuid::new_v4()))
+    }
+
+    #[test]
+    fn round_trip_and_every_kind_of_bad_snapshot_is_refused() {
+        let d = dir();
+        let cache = test_cache();
+        let info = cache.info();
+        let s = Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap();
+        assert!(s.load(info).unwrap().is_none());
+        let objs = objects(3);
+        let written = s.save(info, &objs, 42).unwrap().unwrap();
+        let on_disk = fs::metadata(s.path(info)).unwrap();
+        assert_eq!(on_disk.len(), written);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(on_disk.permissions().mode() & 0o777, 0o600);
+            assert_eq!(
+                fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+                0o700
+            );
+        }
+        let (rv, loaded) = s.load(info).unwrap().unwrap();
+        assert_eq!(rv, 42);
+        let names: Vec<_> = loaded.iter().map(|o| o.key().to_string()).collect();
+        assert_eq!(names, vec!["ns/cm-0", "ns/cm-1", "ns/cm-2"]);
+        assert_eq!(loaded[1].json(), objs.values().nth(1).unwrap().json());
+
+        // Another upstream.
+        let other = Snapshots::new(&d, 1 << 20, "up-2".into()).unwrap();
+        assert!(
+            matches!(other.load(info), Err(SnapshotError::Invalid(m)) if m.contains("upstream"))
+        );
+        let good = fs::read(s.path(info)).unwrap();
+        let refused = |bytes: &[u8]| {
+            fs::write(s.path(info), bytes).unwrap();
+            matches!(s.load(info), Err(SnapshotError::Invalid(_)))
+        };
+        // Truncated, anywhere.
+        for cut in [0, 5, 20, good.len() / 2, good.len() - 1] {
+            assert!(refused(&good[..cut]), "cut at {cut}");
+        }
+        // One bit flipped.
+        let mut flipped = good.clone();
+        flipped[good.len() / 2] ^= 1;
+        assert!(refused(&flipped));
+        // Another format, checksum fixed up.
+        let mut other_format = good[..good.len() - 32].to_vec();
+        other_format[8] = 2;
+        let sum = Sha256::digest(&other_format);
+        other_format.extend_from_slice(&sum);
+        assert!(refused(&other_format));
+        let _ = fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn snapshots_stay_within_max_bytes() {
+        let d = dir();
+        let cache = test_cache();
+        let info = cache.info();
+        let s = Snapshots::new(&d, 600, "up".into()).unwrap();
+        assert!(s.save(info, &objects(2), 11).unwrap().is_some());
+        // Too big: not written, and the old one is gone.
+        assert!(s.save(info, &objects(20), 29).unwrap().is_none());
+        assert!(s.load(info).unwrap().is_none());
+        let _ = fs::remove_dir_all(d);
+    }
+}
