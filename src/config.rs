@@ -79,6 +79,35 @@ pub struct Config {
     pub authentication: AuthenticationConfig,
     /// How reads served from the cache are authorized.
     pub authorization: AuthorizationConfig,
+    /// Zero-downtime takeover by a successor process.
+    pub takeover: TakeoverConfig,
+}
+
+/// Zero-downtime takeover (`takeover.rs`): a proxy started with the same
+/// configuration while another runs takes over its listening sockets once
+/// it is ready, and the running one drains.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct TakeoverConfig {
+    /// Unix socket a running proxy listens on for a successor (its
+    /// directory is created 0700, the socket is 0600, and only a process
+    /// of the same uid is answered). Unset (default): no takeover; a
+    /// second proxy fails to bind the listeners.
+    pub socket_path: Option<PathBuf>,
+    /// How long a successor may take to become ready (caches filled and
+    /// their upstream watches resumed) before the running proxy gives up
+    /// on it and carries on; the successor then exits with an error.
+    /// Default 120.
+    pub ready_timeout_seconds: u64,
+}
+
+impl Default for TakeoverConfig {
+    fn default() -> Self {
+        TakeoverConfig {
+            socket_path: None,
+            ready_timeout_seconds: 120,
+        }
+    }
 }
 
 /// Client authentication.
@@ -675,6 +704,7 @@ impl Default for Config {
             cache: CacheConfig::default(),
             authentication: AuthenticationConfig::default(),
             authorization: AuthorizationConfig::default(),
+            takeover: TakeoverConfig::default(),
         }
     }
 }
@@ -791,6 +821,12 @@ impl Config {
             return Err(ConfigError::invalid(
                 "kind",
                 format!("must be {KIND:?}, got {k:?}"),
+            ));
+        }
+        if self.takeover.ready_timeout_seconds == 0 {
+            return Err(ConfigError::invalid(
+                "takeover.readyTimeoutSeconds",
+                "must be at least 1",
             ));
         }
         parse_addr("listen", &self.listen)?;

@@ -285,7 +285,17 @@ impl Handler {
         };
         match result {
             Ok(resp) => {
-                let (parts, body) = resp.into_parts();
+                let (parts, mut body) = resp.into_parts();
+                // A watch ends, cleanly, when this process stops serving:
+                // its client re-watches (from the successor, after a
+                // takeover) from its last resourceVersion.
+                if info.verb == "watch" && parts.status == http::StatusCode::OK {
+                    body = proxy::drainable_watch(
+                        body,
+                        parts.headers.get(header::CONTENT_TYPE),
+                        self.shutdown.clone(),
+                    );
+                }
                 (
                     Response::from_parts(parts, body::guarded(body, guard)),
                     Source::Upstream,

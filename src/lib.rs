@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod ready;
 pub mod serve;
+pub mod takeover;
 pub mod tls;
 pub mod upstream;
 
@@ -31,7 +32,9 @@ pub use apimachinery::{body, go, kubeconfig, pki, request, resource, selector, s
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -69,16 +72,27 @@ pub enum RunError {
     /// Metrics could not be registered.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// Taking over from a running proxy failed; it carries on.
+    #[error("takeover: {0}")]
+    Takeover(std::io::Error),
 }
 
-/// The two bound listeners.
+/// The two listeners, and the running proxy they were taken over from, if
+/// any.
 #[derive(Debug)]
 pub struct Listeners {
     /// Client (HTTPS) traffic.
     pub api: TcpListener,
     /// Admin (plain HTTP) traffic.
     pub admin: TcpListener,
+    /// The proxy these listeners were received from: it drains once this
+    /// one is ready.
+    pub predecessor: Option<takeover::Predecessor>,
 }
+
+/// How long a second proxy retries binding an address in use by one that
+/// cannot hand it over (and will be stopped: a rolling update).
+const BIND_RETRY: Duration = Duration::from_secs(60);
 
 // === impl Listeners ===
 
@@ -102,7 +116,68 @@ impl Listeners {
                 addr: admin_addr,
                 source,
             })?;
-        Ok(Listeners { api, admin })
+        Ok(Listeners {
+            api,
+            admin,
+            predecessor: None,
+        })
+    }
+
+    /// The listeners the binary serves on, in order of preference: taken
+    /// over from a running proxy (`takeover.socketPath`); passed by
+    /// systemd socket activation (`LISTEN_FDS`: the API socket, then the
+    /// admin one); or bound, retrying for up to a minute while another
+    /// process (a predecessor that cannot hand over) holds the address.
+    ///
+    /// # Errors
+    /// [`RunError::Bind`], [`RunError::Config`], or [`RunError::Takeover`]
+    /// when a running proxy answered but the handover failed.
+    pub async fn acquire(config: &Config) -> Result<Listeners, RunError> {
+        if let Some(path) = &config.takeover.socket_path
+            && let Some(received) = takeover::Predecessor::connect(path)
+                .await
+                .map_err(RunError::Takeover)?
+        {
+            tracing::info!(socket = %path.display(), "took the listeners over from the running proxy");
+            return Ok(Listeners {
+                api: TcpListener::from_std(received.api).map_err(RunError::Takeover)?,
+                admin: TcpListener::from_std(received.admin).map_err(RunError::Takeover)?,
+                predecessor: Some(received.predecessor),
+            });
+        }
+        let mut fds = listenfd::ListenFd::from_env();
+        if fds.len() >= 2 {
+            let mut activated = |i| match fds.take_tcp_listener(i) {
+                Ok(Some(l)) => l
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpListener::from_std(l)),
+                Ok(None) => Err(std::io::Error::other(format!(
+                    "socket-activated descriptor {i} is not a TCP listener"
+                ))),
+                Err(e) => Err(e),
+            };
+            let api = activated(0).map_err(RunError::Takeover)?;
+            let admin = activated(1).map_err(RunError::Takeover)?;
+            tracing::info!("serving on the sockets systemd passed (LISTEN_FDS)");
+            return Ok(Listeners {
+                api,
+                admin,
+                predecessor: None,
+            });
+        }
+        let deadline = tokio::time::Instant::now() + BIND_RETRY;
+        loop {
+            match Listeners::bind(config).await {
+                Err(RunError::Bind { addr, source })
+                    if source.kind() == std::io::ErrorKind::AddrInUse
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::warn!(%addr, "address in use; waiting for it");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                other => return other,
+            }
+        }
     }
 }
 
@@ -159,7 +234,6 @@ pub async fn run(
         readiness: readiness.clone(),
         tls: Some(tls.clone()),
     };
-    let admin_task = tokio::spawn(admin.serve(listeners.admin, admin_token.clone()));
     if let Some(csr) = csr {
         csr.spawn(&upstream, &tls, &readiness, &token);
     }
@@ -176,12 +250,10 @@ pub async fn run(
     let snapshots = snapshots(&config.cache.persistence, &kube_config);
     caches.spawn_reflectors(&upstream, &readiness, snapshots.as_ref(), &token);
     let persister = snapshots.map(|s| {
-        let p = Arc::new(cache::persist::Persister::new(
+        Arc::new(cache::persist::Persister::new(
             s,
             caches.iter().cloned().collect(),
-        ));
-        let interval = Duration::from_secs(config.cache.persistence.interval_seconds);
-        (p.clone(), tokio::spawn(p.run(interval, token.clone())))
+        ))
     });
     let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let auth = auth::Auth::new(
@@ -198,39 +270,184 @@ pub async fn run(
         auth,
         token.clone(),
     ));
+    let Listeners {
+        api,
+        admin: admin_listener,
+        predecessor,
+    } = listeners;
+    // Copies of the listening sockets, for a successor.
+    let offer = match &config.takeover.socket_path {
+        Some(_) => Some(takeover::Offer {
+            api: api
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(RunError::Takeover)?,
+            admin: admin_listener
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(RunError::Takeover)?,
+        }),
+        None => None,
+    };
+    let ready_timeout = Duration::from_secs(config.takeover.ready_timeout_seconds);
+    let mut shutdown = std::pin::pin!(shutdown);
+
+    // Taking over: serve nothing until ready (the predecessor serves
+    // meanwhile), then tell it to drain.
+    if let Some(predecessor) = predecessor {
+        let ready = tokio::select! {
+            _ = &mut shutdown => {
+                tracing::info!("stopped before taking over; the running proxy carries on");
+                token.cancel();
+                return Ok(());
+            }
+            ready = wait_ready(&readiness, ready_timeout) => ready,
+        };
+        if !ready {
+            token.cancel();
+            let not_ready: Vec<String> = readiness
+                .report()
+                .into_iter()
+                .filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}")))
+                .collect();
+            return Err(RunError::Takeover(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "not ready within {ready_timeout:?} ({}); the running proxy carries on",
+                    not_ready.join("; ")
+                ),
+            )));
+        }
+        if let Err(error) = predecessor.take_over().await {
+            token.cancel();
+            return Err(RunError::Takeover(error));
+        }
+        tracing::info!("took over from the running proxy");
+    }
+
+    let persister_task = persister.clone().map(|p| {
+        let interval = Duration::from_secs(config.cache.persistence.interval_seconds);
+        tokio::spawn(p.run(interval, token.clone()))
+    });
+    let admin_task = tokio::spawn(admin.serve(admin_listener, admin_token.clone()));
+    let handed_over = Arc::new(AtomicBool::new(false));
     let options = ServeOptions {
         max_connections: config.max_connections,
         grace_period: Duration::from_secs(config.shutdown_grace_period_seconds),
+        handed_over: handed_over.clone(),
     };
-    if let Ok(addr) = listeners.api.local_addr() {
+    if let Ok(addr) = api.local_addr() {
         tracing::info!(%addr, "serving");
     }
-    let serving = serve::serve(
-        listeners.api,
+    let serving = tokio::spawn(serve::serve(
+        api,
         tls.clone(),
         handler,
         metrics,
         options,
         token.clone(),
-    );
-    tokio::pin!(serving);
-    tokio::select! {
-        _ = shutdown => {
-            tracing::info!("shutting down");
-            readiness.set_shutting_down();
-            token.cancel();
-            serving.await;
+    ));
+
+    // Waiting for a successor, or the signal to stop.
+    let handover = RunHandover {
+        persister: persister.clone(),
+        in_progress: AtomicBool::new(false),
+    };
+    let server = match (&config.takeover.socket_path, offer) {
+        (Some(path), Some(offer)) => match takeover::Server::bind(path) {
+            Ok(server) => Some((server, offer)),
+            Err(error) => {
+                tracing::warn!(socket = %path.display(), %error, "cannot listen for a successor; takeover is off");
+                None
+            }
+        },
+        _ => None,
+    };
+    let mut takeover = Box::pin(async {
+        match &server {
+            Some((server, offer)) => server.serve(offer, &handover, ready_timeout).await,
+            None => std::future::pending().await,
         }
-        _ = &mut serving => {}
+    });
+    let (successor, stop_requested) = tokio::select! {
+        _ = &mut shutdown => {
+            // A successor in the middle of taking over gets to finish.
+            let successor = if handover.in_progress.load(Ordering::SeqCst) {
+                tracing::info!("stopping once the successor taking over is ready");
+                tokio::time::timeout(ready_timeout, &mut takeover).await.ok()
+            } else {
+                None
+            };
+            (successor, true)
+        }
+        successor = &mut takeover => (Some(successor), false),
+    };
+    readiness.set_shutting_down();
+    if successor.is_some() {
+        tracing::info!("a successor took over; draining");
+        handed_over.store(true, Ordering::SeqCst);
+        admin_token.cancel();
+    } else {
+        tracing::info!("shutting down");
     }
-    if let Some((_, task)) = persister {
-        // The final snapshots, written after the last request.
+    // Stops accepting, ends every watch (cached and passed through) at an
+    // event boundary, stops the reflectors.
+    token.cancel();
+    if let Some(successor) = successor {
+        successor.confirm().await;
+    }
+    drop(takeover);
+    drop(server);
+    let _ = serving.await;
+    if let Some(task) = persister_task {
+        // The final snapshots, after the last request (none after a
+        // handover: the successor writes them now).
         let _ = task.await;
     }
     admin_token.cancel();
     let _ = admin_task.await;
+    if !stop_requested {
+        // Exiting would have kubelet restart this process, which would take
+        // the sockets back.
+        tracing::info!("drained; idle until stopped");
+        shutdown.await;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Waits until every readiness check passes, for at most `timeout`.
+async fn wait_ready(readiness: &Readiness, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !readiness.is_ready() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+/// What this process does when a successor takes over.
+struct RunHandover {
+    persister: Option<Arc<cache::persist::Persister>>,
+    in_progress: AtomicBool,
+}
+
+impl takeover::Handover for RunHandover {
+    async fn prepare(&self) {
+        self.in_progress.store(true, Ordering::SeqCst);
+        if let Some(p) = &self.persister {
+            p.save_and_pause().await;
+        }
+    }
+
+    fn abort(&self) {
+        self.in_progress.store(false, Ordering::SeqCst);
+        if let Some(p) = &self.persister {
+            p.resume();
+        }
+    }
 }
 
 /// The snapshot directory, if configured and usable (a directory that

@@ -68,7 +68,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     config.apply(&args.overrides());
     config.validate().map_err(RunError::Config)?;
-    let listeners = Listeners::bind(&config).await?;
+    let listeners = Listeners::acquire(&config).await?;
     kube_cache_proxy::run(listeners, config, shutdown_signal()).await?;
     Ok(())
 }

@@ -12,6 +12,11 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
+use std::future::Future;
+
+use http_body_util::BodyExt;
+use tokio_util::sync::CancellationToken;
+
 use crate::body::{self, Body};
 use crate::status::Status;
 use crate::upstream::{Credentials, Upstream, UpstreamError};
@@ -100,6 +105,162 @@ pub async fn forward(
     Ok(Response::from_parts(parts, body::boxed(incoming)))
 }
 
+/// A passed-through watch's response body that ends cleanly when `drain`
+/// is cancelled (shutdown, or a successor took over): at the first event
+/// boundary from then on, so the client gets whole events and a clean end
+/// of stream, and re-watches from its last resourceVersion (to the
+/// successor). Boundaries: a newline in JSON streams; the end of a
+/// length-prefixed frame in `application/vnd.kubernetes.protobuf;stream=watch`
+/// streams. An unknown framing ends at once.
+pub fn drainable_watch(
+    body: Body,
+    content_type: Option<&HeaderValue>,
+    drain: CancellationToken,
+) -> Body {
+    let framing = match content_type.and_then(|v| v.to_str().ok()) {
+        Some(t) if t.starts_with("application/vnd.kubernetes.protobuf") => {
+            Framing::LengthPrefixed {
+                header: [0; 4],
+                header_len: 0,
+                remaining: 0,
+            }
+        }
+        Some(t) if t.starts_with("application/json") => Framing::Lines { at_boundary: true },
+        _ => Framing::Unknown,
+    };
+    DrainableWatch {
+        inner: body,
+        framing,
+        drain: Box::pin(drain.cancelled_owned()),
+        draining: false,
+        done: false,
+    }
+    .boxed_unsync()
+}
+
+/// Where a watch stream's event boundaries are.
+enum Framing {
+    /// Newline-delimited JSON events.
+    Lines {
+        at_boundary: bool,
+    },
+    /// 4-byte big-endian length, then that many bytes.
+    LengthPrefixed {
+        header: [u8; 4],
+        header_len: usize,
+        remaining: usize,
+    },
+    Unknown,
+}
+
+impl Framing {
+    fn at_boundary(&self) -> bool {
+        match self {
+            Framing::Lines { at_boundary } => *at_boundary,
+            Framing::LengthPrefixed {
+                header_len,
+                remaining,
+                ..
+            } => *header_len == 0 && *remaining == 0,
+            Framing::Unknown => true,
+        }
+    }
+
+    /// Consumes `data`; returns the length of its prefix that ends at the
+    /// first boundary (`None`: no boundary in it).
+    fn first_boundary(&mut self, data: &[u8]) -> Option<usize> {
+        let mut first = None;
+        match self {
+            Framing::Lines { at_boundary } => {
+                first = data.iter().position(|b| *b == b'\n').map(|i| i + 1);
+                if let Some(last) = data.last() {
+                    *at_boundary = *last == b'\n';
+                }
+            }
+            Framing::LengthPrefixed {
+                header,
+                header_len,
+                remaining,
+            } => {
+                let mut i = 0;
+                while i < data.len() {
+                    if *remaining > 0 {
+                        let take = (*remaining).min(data.len() - i);
+                        *remaining -= take;
+                        i += take;
+                        if *remaining == 0 && first.is_none() {
+                            first = Some(i);
+                        }
+                    } else {
+                        header[*header_len] = data[i];
+                        *header_len += 1;
+                        i += 1;
+                        if *header_len == 4 {
+                            *remaining = u32::from_be_bytes(*header) as usize;
+                            *header_len = 0;
+                            if *remaining == 0 && first.is_none() {
+                                first = Some(i);
+                            }
+                        }
+                    }
+                }
+            }
+            Framing::Unknown => first = Some(0),
+        }
+        first
+    }
+}
+
+struct DrainableWatch {
+    inner: Body,
+    framing: Framing,
+    drain: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    draining: bool,
+    done: bool,
+}
+
+impl http_body::Body for DrainableWatch {
+    type Data = bytes::Bytes;
+    type Error = body::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if !this.draining && this.drain.as_mut().poll(cx).is_ready() {
+            this.draining = true;
+        }
+        if this.draining && this.framing.at_boundary() {
+            this.done = true;
+            return Poll::Ready(None);
+        }
+        let frame = match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        let Some(data) = frame.data_ref() else {
+            return Poll::Ready(Some(Ok(frame)));
+        };
+        let data = data.clone();
+        match this.framing.first_boundary(&data) {
+            Some(end) if this.draining => {
+                this.done = true;
+                Poll::Ready(Some(Ok(http_body::Frame::data(data.slice(..end)))))
+            }
+            _ => Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+}
+
 /// Bridges an upgrade request: sends it upstream on its own HTTP/1.1
 /// connection and, when the apiserver answers `101`, splices the two
 /// upgraded connections together until either side closes.
@@ -168,6 +329,65 @@ pub fn error_response(err: &UpstreamError) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn drained(content_type: &str, chunks: &[&[u8]], drain_after: usize) -> Vec<u8> {
+        let chunks: Vec<Result<http_body::Frame<bytes::Bytes>, body::BoxError>> = chunks
+            .iter()
+            .map(|c| Ok(http_body::Frame::data(bytes::Bytes::copy_from_slice(c))))
+            .collect();
+        let inner =
+            http_body_util::StreamBody::new(futures_util::stream::iter(chunks)).boxed_unsync();
+        let token = CancellationToken::new();
+        let mut b = drainable_watch(
+            inner,
+            Some(&HeaderValue::from_str(content_type).unwrap()),
+            token.clone(),
+        );
+        let mut out = Vec::new();
+        let mut n = 0;
+        while let Some(f) = b.frame().await {
+            out.extend_from_slice(f.unwrap().data_ref().unwrap());
+            n += 1;
+            if n == drain_after {
+                token.cancel();
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_drained_watch_ends_at_an_event_boundary() {
+        // JSON: drained after a chunk that ends mid-event: the event is
+        // completed, nothing after it is sent.
+        let out = drained(
+            "application/json",
+            &[b"{\"a\":1}\n{\"b\"", b":2}\n{\"c\":3}\n"],
+            1,
+        )
+        .await;
+        assert_eq!(out, b"{\"a\":1}\n{\"b\":2}\n");
+        // Drained at a boundary: ends there.
+        let out = drained("application/json", &[b"{\"a\":1}\n", b"{\"b\":2}\n"], 1).await;
+        assert_eq!(out, b"{\"a\":1}\n");
+        // Protobuf frames: 4-byte length, then the frame.
+        let frame = |payload: &[u8]| {
+            let mut f = (payload.len() as u32).to_be_bytes().to_vec();
+            f.extend_from_slice(payload);
+            f
+        };
+        let (one, two, three) = (frame(b"abc"), frame(b"defgh"), frame(b"i"));
+        let stream = [one.clone(), two.clone(), three].concat();
+        let out = drained(
+            "application/vnd.kubernetes.protobuf;stream=watch",
+            &[&stream[..2], &stream[2..9], &stream[9..]],
+            2,
+        )
+        .await;
+        assert_eq!(out, [one, two].concat());
+        // Not drained: everything.
+        let out = drained("application/json", &[b"x\n", b"y\n"], 0).await;
+        assert_eq!(out, b"x\ny\n");
+    }
 
     #[test]
     fn strips_hop_by_hop_and_connection_named() {

@@ -38,7 +38,16 @@ const MAX_CONCURRENT_STREAMS: u32 = 1000;
 pub struct ServeOptions {
     pub max_connections: usize,
     pub grace_period: Duration,
+    /// Set when a successor took the listening socket over: connections
+    /// accepted just before then get [`HANDOVER_LINGER`] to send their
+    /// requests before idle ones are closed.
+    pub handed_over: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How long, after a handover, connections accepted just before it may
+/// take to send a request before idle connections are closed (an HTTP/1.1
+/// connection closed before its first request would fail it).
+const HANDOVER_LINGER: Duration = Duration::from_secs(1);
 
 /// Accepts and serves connections on `listener` until `shutdown` is
 /// cancelled, then drains them within the grace period.
@@ -156,6 +165,12 @@ pub async fn serve(
         while tasks.try_join_next().is_some() {}
     }
     drop(listener);
+    if options
+        .handed_over
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        tokio::time::sleep(HANDOVER_LINGER).await;
+    }
     tracing::info!(
         connections = graceful.count(),
         grace_period = ?options.grace_period,

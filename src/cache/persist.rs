@@ -366,6 +366,8 @@ pub struct Persister {
     caches: Vec<Arc<ResourceCache>>,
     /// The RV each cache's snapshot was last written at.
     saved: tokio::sync::Mutex<HashMap<String, u64>>,
+    /// A successor is taking over: it owns the snapshots now.
+    paused: std::sync::atomic::AtomicBool,
 }
 
 impl Persister {
@@ -375,7 +377,21 @@ impl Persister {
             snapshots,
             caches,
             saved: tokio::sync::Mutex::new(HashMap::new()),
+            paused: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Writes the snapshots one last time for a successor that takes over,
+    /// then writes no more (unless [`Persister::resume`]d).
+    pub async fn save_and_pause(&self) {
+        self.save_all().await;
+        self.paused.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Writes snapshots again (a takeover did not happen).
+    pub fn resume(&self) {
+        self.paused
+            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Writes the snapshot of every synced cache that changed since its
@@ -383,6 +399,9 @@ impl Persister {
     /// runtime, from O(1) copies of the stores taken under their locks.
     pub async fn save_all(&self) {
         let mut saved = self.saved.lock().await;
+        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         for cache in &self.caches {
             let info = cache.info().clone();
             let name = Snapshots::file_name(&info);

@@ -268,18 +268,27 @@ impl Client {
 
     /// Starts a streaming request (a watch).
     pub async fn watch(&self, path: &str, headers: &[(&str, &str)]) -> WatchStream {
+        self.try_watch(path, headers).await.unwrap()
+    }
+
+    /// Like [`Client::watch`], returning transport errors.
+    pub async fn try_watch(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<WatchStream, String> {
         let req = self.request(Method::GET, path, headers, None);
         let resp = tokio::time::timeout(Duration::from_secs(20), self.inner.request(req))
             .await
-            .expect("watch did not start in time")
-            .unwrap();
+            .map_err(|_| "watch did not start in time".to_string())?
+            .map_err(|e| format!("{e:?}"))?;
         let (parts, body) = resp.into_parts();
-        WatchStream {
+        Ok(WatchStream {
             status: parts.status,
             headers: parts.headers,
             body,
             buf: Vec::new(),
             raw: Vec::new(),
-        }
+        })
     }
 }
