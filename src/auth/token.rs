@@ -117,6 +117,10 @@ impl TokenAuthenticator {
         let request = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
+                // None: the apiserver then checks the token against its own
+                // --api-audiences (pkg/registry/authentication/tokenreview/
+                // storage.go), exactly as when the token is sent to it
+                // directly; a token minted for another audience fails both.
                 audiences: None,
             },
             ..TokenReview::default()
