@@ -678,7 +678,7 @@ impl Config {
         if text.trim().is_empty() {
             return Ok(Config::default());
         }
-        serde_saphyr::from_str::<Config>(text).map_err(|e| e.to_string())
+        serde_saphyr::from_str::<Config>(text).map_err(|e| yaml_error(&e))
     }
 
     /// Applies command-line overrides.
@@ -818,9 +818,75 @@ fn readable(field: &str, path: &Path) -> Result<(), ConfigError> {
         .map_err(|e| ConfigError::invalid(field, format!("{}: {e}", path.display())))
 }
 
+/// A YAML parse error without any of the text it was parsing: the
+/// parser's message and location (`... at line L, column C`), and the
+/// names of unknown, missing or duplicate fields, but no source snippet
+/// and no quoted value. A file given by mistake (a private key, a
+/// kubeconfig with a token) must never reach a log or a terminal.
+pub fn yaml_error(e: &serde_saphyr::Error) -> String {
+    let text = e.without_snippet().to_string();
+    let first = text.lines().next().unwrap_or_default();
+    redact_quoted(first)
+}
+
+/// `first` with the contents of every `"..."` and `` `...` `` replaced by
+/// `…`, except field names (`` field `name` ``), which are the schema's
+/// vocabulary or a misspelling of it.
+fn redact_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(['"', '`']) {
+        let quote = rest[start..].chars().next().unwrap_or('"');
+        let Some(len) = rest[start + 1..].find(quote) else {
+            break;
+        };
+        let before = &rest[..start];
+        let inner = &rest[start + 1..start + 1 + len];
+        out.push_str(before);
+        out.push(quote);
+        if before.ends_with("field ") {
+            out.push_str(inner);
+        } else {
+            out.push('…');
+        }
+        out.push(quote);
+        rest = &rest[start + 2 + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_errors_show_no_file_contents() {
+        let key = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgSECRETSECRET\n-----END PRIVATE KEY-----\n";
+        let err = Config::from_yaml(key).unwrap_err();
+        assert!(err.contains("line 1, column 1"), "{err}");
+        assert!(!err.contains("SECRET") && !err.contains("PRIVATE"), "{err}");
+        for (yaml, secret, kept) in [
+            (
+                "upstream:\n  identity: hunter2secret\n",
+                "hunter2secret",
+                "line 2",
+            ),
+            ("listen: [topsecret]\n", "topsecret", "line 1"),
+            ("maxConnections: topsecret\n", "topsecret", "line 1"),
+            ("topsecret: 1\n", "zzz-never", "field `topsecret`"),
+            ("listen: 'a\n", "zzz-never", "line 2"),
+        ] {
+            let err = Config::from_yaml(yaml).unwrap_err();
+            assert!(!err.contains(secret), "{yaml}: {err}");
+            assert!(err.contains(kept), "{yaml}: {err}");
+            assert_eq!(err.lines().count(), 1, "{yaml}: {err}");
+        }
+        assert_eq!(
+            redact_quoted(r#"unknown variant `x`, expected "y"; missing field `z` `q"#),
+            r#"unknown variant `…`, expected "…"; missing field `z` `q"#
+        );
+    }
 
     #[test]
     fn empty_is_default() {

@@ -40,6 +40,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::client::ConfigExt;
+use kube::config::KubeconfigError;
 use parking_lot::{Mutex, RwLock};
 use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
@@ -50,7 +51,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
 use crate::body::{Body, BoxError};
-use crate::config::UpstreamConfig;
+use crate::config::{UpstreamConfig, yaml_error};
 use crate::status::Status;
 use crate::tls::{Stamp, stamp};
 
@@ -583,17 +584,31 @@ pub async fn load_kube_config(
     };
     match path {
         Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| UpstreamError::Config(format!("{}: {e}", path.display())))?;
+            let failed = |e: &KubeconfigError| {
+                UpstreamError::Config(format!("{}: {}", path.display(), kubeconfig_error(e)))
+            };
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| failed(&e))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
-                .map_err(|e| UpstreamError::Config(format!("{}: {e}", path.display())))
+                .map_err(|e| failed(&e))
         }
         None => kube::Config::incluster().map_err(|e| {
             UpstreamError::Config(format!(
                 "no upstream kubeconfig given and the in-cluster configuration is unavailable: {e}"
             ))
         }),
+    }
+}
+
+/// A kubeconfig error without the file's contents: a YAML error is the
+/// parser's message and location only (a key file given by mistake, or a
+/// kubeconfig holding a token, must not be echoed; [`yaml_error`]).
+fn kubeconfig_error(e: &KubeconfigError) -> String {
+    match e {
+        KubeconfigError::Parse(yaml) => {
+            format!("failed to parse kubeconfig YAML: {}", yaml_error(yaml))
+        }
+        other => error_chain(other),
     }
 }
 
