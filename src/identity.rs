@@ -256,6 +256,98 @@ mod tests {
         assert_eq!(node_of_jwt("not-a-jwt"), None);
     }
 
+    /// A kubeconfig-derived configuration holding a client certificate
+    /// for `cn`.
+    fn with_certificate(cn: &str) -> kube::Config {
+        let issued = crate::pki::Ca::new("identity-test")
+            .unwrap()
+            .issue_client(cn, Some("system:nodes"))
+            .unwrap();
+        let mut cfg = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        cfg.auth_info.client_certificate_data =
+            Some(base64::engine::general_purpose::STANDARD.encode(&issued.cert_pem));
+        cfg
+    }
+
+    fn with_token(token: &str) -> kube::Config {
+        let mut cfg = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        cfg.auth_info.token = Some(token.to_string().into());
+        cfg
+    }
+
+    fn bound_token(node: &str) -> String {
+        jwt(serde_json::json!({"kubernetes.io": {
+            "namespace": "kube-system",
+            "serviceaccount": {"name": "kube-cache-proxy", "uid": "u"},
+            "node": {"name": node, "uid": "n"}}}))
+    }
+
+    #[test]
+    fn detect_decides_from_the_credential() {
+        use IdentityMode::{AsGiven, Auto, Node};
+        let node = |name: &str, credential| Identity::Node {
+            name: name.into(),
+            credential,
+        };
+        let cert = with_certificate("system:node:n1");
+        assert_eq!(
+            Identity::detect(&cert, Auto, ""),
+            Ok(node("n1", NodeCredential::Certificate))
+        );
+        assert_eq!(
+            Identity::detect(&cert, Node, "n1"),
+            Ok(node("n1", NodeCredential::Certificate))
+        );
+        assert_eq!(Identity::detect(&cert, AsGiven, ""), Ok(Identity::AsGiven));
+        let token = with_token(&bound_token("n2"));
+        assert_eq!(
+            Identity::detect(&token, Node, ""),
+            Ok(node("n2", NodeCredential::AssociatedServiceAccount))
+        );
+        // The same from files, as kubelet's certificate and a projected
+        // token are given.
+        let dir = std::env::temp_dir().join(format!("kcp-identity-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(cert.auth_info.client_certificate_data.as_deref().unwrap())
+            .unwrap();
+        std::fs::write(dir.join("client.pem"), pem).unwrap();
+        std::fs::write(dir.join("token"), format!("{}\n", bound_token("n3"))).unwrap();
+        let mut files = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        files.auth_info.client_certificate = Some(dir.join("client.pem").display().to_string());
+        assert_eq!(
+            Identity::detect(&files, Auto, ""),
+            Ok(node("n1", NodeCredential::Certificate))
+        );
+        files.auth_info.client_certificate = None;
+        files.auth_info.token_file = Some(dir.join("token").display().to_string());
+        assert_eq!(
+            Identity::detect(&files, Auto, ""),
+            Ok(node("n3", NodeCredential::AssociatedServiceAccount))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // Anything else is as given under Auto, and an error under Node.
+        let unbound = jwt(serde_json::json!({"kubernetes.io": {
+            "namespace": "kube-system", "serviceaccount": {"name": "x", "uid": "u"}}}));
+        for other in [
+            with_certificate("admin"),
+            with_certificate("system:node:"),
+            with_token(&unbound),
+            with_token("opaque"),
+            kube::Config::new("https://127.0.0.1:1".parse().unwrap()),
+        ] {
+            assert_eq!(Identity::detect(&other, Auto, "n1"), Ok(Identity::AsGiven));
+            let err = Identity::detect(&other, Node, "n1").unwrap_err();
+            assert!(err.contains("upstream.identity is Node"), "{err}");
+            assert!(err.contains("CN=system:node:<name>"), "{err}");
+        }
+        // A node's credential for another node than nodeName.
+        let err = Identity::detect(&cert, Auto, "n9").unwrap_err();
+        assert!(err.contains("\"n1\"") && err.contains("\"n9\""), "{err}");
+        assert!(Identity::detect(&token, Node, "n9").is_err());
+    }
+
     #[test]
     fn caches_are_scoped_to_the_node() {
         let id = Identity::Node {
