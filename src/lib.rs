@@ -115,7 +115,10 @@ const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 ///
 /// # Errors
 /// [`RunError`] when TLS material, the upstream configuration or metrics
-/// cannot be set up. Once serving, it only returns after shutdown.
+/// cannot be set up. Once serving, it returns after shutdown, or with
+/// [`RunError::Config`] for `upstream.identity` when the apiserver refuses
+/// to let a node-bound token act as its node
+/// ([`identity::confirm_node_access`]).
 pub async fn run(
     listeners: Listeners,
     config: Config,
@@ -152,6 +155,35 @@ pub async fn run(
 
     let token = CancellationToken::new();
     let admin_token = CancellationToken::new();
+    // As a node by constrained impersonation: proven once, or the proxy
+    // stops (it would be refused everything, forever).
+    let (identity_refused, mut refused) = tokio::sync::oneshot::channel::<String>();
+    if let Identity::Node {
+        name,
+        credential: identity::NodeCredential::AssociatedServiceAccount,
+    } = &identity
+    {
+        const CHECK: &str = "upstream-identity";
+        readiness.register(
+            CHECK,
+            &format!("not yet confirmed that the apiserver lets the proxy act as node {name:?}"),
+        );
+        let (upstream, name, readiness, token) = (
+            upstream.clone(),
+            name.clone(),
+            readiness.clone(),
+            token.clone(),
+        );
+        tokio::spawn(async move {
+            match identity::confirm_node_access(&upstream, &name, &token).await {
+                Ok(()) => readiness.set(CHECK, Ok(())),
+                Err(message) => {
+                    readiness.set(CHECK, Err(message.clone()));
+                    let _ = identity_refused.send(message);
+                }
+            }
+        });
+    }
     tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     upstream.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     let admin = Admin {
@@ -205,6 +237,7 @@ pub async fn run(
         token.clone(),
     );
     tokio::pin!(serving);
+    let mut failure = None;
     tokio::select! {
         _ = shutdown => {
             tracing::info!("shutting down");
@@ -212,10 +245,23 @@ pub async fn run(
             token.cancel();
             serving.await;
         }
+        Ok(message) = &mut refused => {
+            tracing::error!(error = %message, "stopping: the proxy cannot act as its node");
+            readiness.set_shutting_down();
+            token.cancel();
+            serving.await;
+            failure = Some(message);
+        }
         _ = &mut serving => {}
     }
     admin_token.cancel();
     let _ = admin_task.await;
     tracing::info!("stopped");
-    Ok(())
+    match failure {
+        Some(message) => Err(RunError::Config(config::ConfigError::Invalid {
+            field: "upstream.identity".into(),
+            message,
+        })),
+        None => Ok(()),
+    }
 }

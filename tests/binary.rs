@@ -281,9 +281,11 @@ async fn runs_with_the_shipped_example_configuration() {
 
 #[tokio::test]
 async fn runs_with_the_daemonset_configuration() {
-    // The simulated apiserver's credential is no node's; acting as a node
-    // (upstream.identity Node) is proven against the real apiserver by
-    // tests/real_least_privilege.rs.
+    // The simulated apiserver's credential is no node's, so this run
+    // overrides the shipped upstream.identity (Node). The shipped mode
+    // itself, the same file with a node-bound token, runs against a real
+    // kube-apiserver in tests/real_least_privilege.rs
+    // (the_binary_runs_with_the_daemonset_configuration_as_its_node).
     run_with_shipped_config(
         &root().join("manifests/kube-cache-proxy.yaml"),
         &["--node-name", "node-1", "--upstream-identity", "AsGiven"],

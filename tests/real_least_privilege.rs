@@ -10,15 +10,18 @@
 
 mod support;
 
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use http::Method;
 use kube_cache_proxy::config::IdentityMode;
-use kube_testenv::{ControlPlane, Morph};
+use kube_cache_proxy::pki::Ca;
+use kube_testenv::{ControlPlane, Morph, Options};
 use serde_json::{Value, json};
 use support::Auth;
 use support::client::Client;
-use support::real::{RealEnv, eventually};
+use support::real::{RealEnv, eventually, metric_sum};
 
 const NODE: &str = "lp-node";
 
@@ -61,6 +64,308 @@ fn condition_true(obj: &Value, kind: &str) -> bool {
         .any(|c| c["type"] == kind && c["status"] == "True")
 }
 
+/// Applies the shipped RBAC, creates the proxy's ServiceAccount and Node
+/// `node` (as exists before a node's DaemonSet pod gets its token), and
+/// returns a token of the account bound to that Node, as the pod's
+/// projected token is.
+async fn node_bound_token(admin: &Client, node: &str) -> String {
+    apply(admin, include_str!("../manifests/rbac.yaml")).await;
+    let r = admin
+        .post_json(
+            "/api/v1/namespaces/kube-system/serviceaccounts",
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "kube-cache-proxy"}}),
+        )
+        .await;
+    assert!(r.status == 201 || r.status == 409, "{}", r.text());
+    let r = admin
+        .post_json(
+            "/api/v1/nodes",
+            &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let uid = r.json()["metadata"]["uid"].clone();
+    let r = admin
+        .post_json(
+            "/api/v1/namespaces/kube-system/serviceaccounts/kube-cache-proxy/token",
+            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": 3600,
+                             "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    r.json()["status"]["token"].as_str().unwrap().to_string()
+}
+
+/// The binary, started with the DaemonSet's configuration
+/// (`manifests/kube-cache-proxy.yaml`, unchanged) and, for what only
+/// exists on a node, flags: loopback ports, certificate files, the
+/// upstream kubeconfig and the node's name.
+struct Binary {
+    child: tokio::process::Child,
+    port: u16,
+    admin_port: u16,
+    dir: PathBuf,
+    ca_pem: String,
+}
+
+impl Binary {
+    fn start(cp: &ControlPlane, upstream_kubeconfig: &str, node: &str) -> Binary {
+        let dir = support::env::tempdir();
+        let ca = Ca::new("lp-binary").unwrap();
+        let serving = ca
+            .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
+            .unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let free = || kube_testenv::free_port().unwrap();
+        let (port, admin_port) = (free(), free());
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kube-cache-proxy"))
+            .arg("--config")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/kube-cache-proxy.yaml"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            .arg("--tls-cert-file")
+            .arg(write("tls.crt", &serving.cert_pem))
+            .arg("--tls-private-key-file")
+            .arg(write("tls.key", &serving.key_pem))
+            .arg("--client-ca-file")
+            .arg(write("client-ca.crt", &cp.ca_pem()))
+            .arg("--upstream-kubeconfig")
+            .arg(write("upstream.kubeconfig", upstream_kubeconfig))
+            .args(["--node-name", node])
+            .stdout(Stdio::null())
+            // A file, not a pipe nobody drains while it runs.
+            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Binary {
+            child,
+            port,
+            admin_port,
+            dir,
+            ca_pem: ca.cert_pem(),
+        }
+    }
+
+    /// A plain-HTTP GET on the admin port: (status, body), or `None` while
+    /// nothing listens.
+    async fn admin_get(&self, path: &str) -> Option<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.admin_port))
+            .await
+            .ok()?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        let status = out.get(9..12)?.parse().ok()?;
+        Some((status, out.split_once("\r\n\r\n")?.1.to_string()))
+    }
+
+    fn client(&self, auth: Auth) -> Client {
+        Client::new(
+            &format!("https://127.0.0.1:{}", self.port),
+            &self.ca_pem,
+            auth,
+            false,
+        )
+    }
+
+    /// What it wrote to stderr so far.
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Before constrained impersonation (kube-apiserver 1.34 and older, or
+/// 1.35 without the feature) the DaemonSet's identity cannot act as its
+/// node: the proxy says so and exits 64 instead of never becoming ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_constrained_impersonation_the_proxy_stops_with_a_clear_error() {
+    if ControlPlane::shared().await.is_none() {
+        return;
+    }
+    let cp = ControlPlane::start(Options {
+        apiserver_args: vec!["--feature-gates=ConstrainedImpersonation=false".into()],
+    })
+    .await
+    .unwrap();
+    let admin = Client::new(
+        &cp.url(),
+        &cp.ca_pem(),
+        Auth::Cert(cp.admin().clone()),
+        false,
+    );
+    let token = node_bound_token(&admin, "lp-old-node").await;
+    // What the apiserver itself answers the impersonation.
+    let sa = Client::new(&cp.url(), &cp.ca_pem(), Auth::Token(token.clone()), false);
+    let r = sa
+        .send(
+            Method::GET,
+            "/api/v1/nodes/lp-old-node",
+            &[("impersonate-user", "system:node:lp-old-node")],
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    let mut proxy = Binary::start(
+        &cp,
+        &kube_cache_proxy::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
+        "lp-old-node",
+    );
+    let exit = tokio::time::timeout(Duration::from_secs(30), proxy.child.wait())
+        .await
+        .expect("the proxy did not stop")
+        .unwrap();
+    let stderr = proxy.stderr();
+    assert_eq!(exit.code(), Some(64), "{stderr}");
+    for part in [
+        "upstream.identity",
+        "does not let this proxy act as node \"lp-old-node\"",
+        "v1.36",
+        "ConstrainedImpersonation",
+        "node's own client certificate",
+        // The apiserver's own reason.
+        "cannot impersonate resource \"users\"",
+    ] {
+        assert!(stderr.contains(part), "{part}: {stderr}");
+    }
+    assert!(!stderr.contains(&token), "{stderr}");
+}
+
+/// The binary with exactly the DaemonSet's configuration and a node-bound
+/// token (upstream.identity Node, as shipped): it confirms it may act as
+/// its node, becomes ready, serves a kube-proxy-like agent and its node
+/// from the cache, refuses other certificate users, and stops on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
+    let Some(cp) = ControlPlane::shared().await else {
+        return;
+    };
+    const NODE: &str = "lp-binary-node";
+    let admin = Client::new(
+        &cp.url(),
+        &cp.ca_pem(),
+        Auth::Cert(cp.admin().clone()),
+        false,
+    );
+    let token = node_bound_token(&admin, NODE).await;
+    // A node agent with its own account, as kube-proxy has.
+    let r = admin
+        .post_json(
+            "/api/v1/namespaces/kube-system/serviceaccounts",
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "lp-kube-proxy"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = admin
+        .post_json(
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "lp-kube-proxy"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier"},
+                    "subjects": [{"kind": "ServiceAccount", "name": "lp-kube-proxy", "namespace": "kube-system"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = admin
+        .post_json(
+            "/api/v1/namespaces/kube-system/serviceaccounts/lp-kube-proxy/token",
+            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": 3600}}),
+        )
+        .await;
+    let agent_token = r.json()["status"]["token"].as_str().unwrap().to_string();
+
+    let mut proxy = Binary::start(
+        cp,
+        &kube_cache_proxy::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
+        NODE,
+    );
+    let readyz = eventually(Duration::from_secs(60), "the proxy to be ready", || {
+        let p = &proxy;
+        async move {
+            p.admin_get("/readyz?verbose")
+                .await
+                .filter(|(s, _)| *s == 200)
+        }
+    })
+    .await;
+    assert!(readyz.1.contains("[+]upstream-identity ok"), "{}", readyz.1);
+
+    let agent = proxy.client(Auth::Token(agent_token));
+    for path in [
+        "/api/v1/services?resourceVersion=0",
+        "/apis/discovery.k8s.io/v1/endpointslices?resourceVersion=0",
+        "/api/v1/nodes?resourceVersion=0",
+    ] {
+        let r = agent.get(path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let node = proxy.client(Auth::Cert(
+        cp.issue_client(&format!("system:node:{NODE}"), Some("system:nodes"))
+            .unwrap(),
+    ));
+    for path in [
+        format!("/api/v1/nodes/{NODE}"),
+        format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&resourceVersion=0"),
+    ] {
+        let r = node.get(&path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let (_, metrics) = proxy.admin_get("/metrics").await.unwrap();
+    for resource in ["services", "endpointslices", "pods"] {
+        let served = metric_sum(
+            &metrics,
+            "kube_cache_proxy_requests_total",
+            &[("resource", resource), ("source", "cache")],
+        );
+        assert!(
+            served >= 1.0,
+            "{resource} not served from the cache: {metrics}"
+        );
+    }
+    // An administrator's certificate is not the node's: refused.
+    let r = proxy
+        .client(Auth::Cert(cp.admin().clone()))
+        .get("/api/v1/namespaces/kube-system/secrets")
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(
+        r.text().contains("acts upstream only as node"),
+        "{}",
+        r.text()
+    );
+
+    let pid = proxy.child.id().unwrap();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let exit = tokio::time::timeout(Duration::from_secs(40), proxy.child.wait())
+        .await
+        .expect("the proxy did not stop")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}: {}", proxy.stderr());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_identity_is_the_node_and_nothing_more() {
     let Some(cp) = ControlPlane::shared().await else {
@@ -72,34 +377,7 @@ async fn the_shipped_identity_is_the_node_and_nothing_more() {
         Auth::Cert(cp.admin().clone()),
         false,
     );
-    apply(&admin, include_str!("../manifests/rbac.yaml")).await;
-    let r = admin
-        .post_json(
-            "/api/v1/namespaces/kube-system/serviceaccounts",
-            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "kube-cache-proxy"}}),
-        )
-        .await;
-    assert!(r.status == 201 || r.status == 409, "{}", r.text());
-    // The node exists before its kubelet first runs (as when a node's
-    // DaemonSet pod gets its token), so a token can be bound to it.
-    let r = admin
-        .post_json(
-            "/api/v1/nodes",
-            &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text());
-    let uid = r.json()["metadata"]["uid"].clone();
-    let r = admin
-        .post_json(
-            "/api/v1/namespaces/kube-system/serviceaccounts/kube-cache-proxy/token",
-            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                    "spec": {"expirationSeconds": 3600,
-                             "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid}}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text());
-    let token = r.json()["status"]["token"].as_str().unwrap().to_string();
+    let token = node_bound_token(&admin, NODE).await;
 
     // What the proxy's own identity may not do.
     let sa = Client::new(&cp.url(), &cp.ca_pem(), Auth::Token(token.clone()), false);
