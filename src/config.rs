@@ -55,9 +55,20 @@ pub struct Config {
     /// Default `127.0.0.1:6444`: a node-local proxy is reached over loopback.
     pub listen: String,
     /// Address (`host:port`) of the plain-HTTP admin listener (`/metrics`,
-    /// `/healthz`, `/livez`, `/readyz`). It serves no cluster data.
-    /// Default `127.0.0.1:9444`.
+    /// `/healthz`, `/livez`, `/readyz`), unauthenticated, so loopback
+    /// only: `127.0.0.1`, `::1` (kubelet probes a hostNetwork pod there).
+    /// It serves no cluster data. Default `127.0.0.1:9444`.
     pub admin_listen: String,
+    /// Address (`host:port`) of the metrics listener, for Prometheus beyond
+    /// loopback: HTTPS with the serving certificate of `tls`; `/metrics`
+    /// only for a caller that authenticates (a client certificate of
+    /// `tls.clientCAFile`, or a bearer token, by TokenReview) and is
+    /// authorized `get` on the non-resource URL `/metrics`
+    /// (SubjectAccessReview), as kubelet and kube-apiserver serve theirs;
+    /// `/healthz`, `/livez` and `/readyz` open. Unset or empty (default):
+    /// none.
+    #[serde(deserialize_with = "empty_as_none")]
+    pub metrics_listen: Option<String>,
     /// Downstream TLS.
     pub tls: TlsConfig,
     /// How to reach the kube-apiserver.
@@ -613,6 +624,7 @@ impl Default for Config {
             kind: None,
             listen: "127.0.0.1:6444".to_string(),
             admin_listen: "127.0.0.1:9444".to_string(),
+            metrics_listen: None,
             tls: TlsConfig::default(),
             upstream: UpstreamConfig::default(),
             shutdown_grace_period_seconds: 30,
@@ -642,6 +654,7 @@ impl Default for UpstreamConfig {
 pub struct Overrides {
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
+    pub metrics_listen: Option<String>,
     pub upstream_kubeconfig: Option<PathBuf>,
     pub upstream_context: Option<String>,
     pub upstream_identity: Option<IdentityMode>,
@@ -688,6 +701,9 @@ impl Config {
         }
         if let Some(v) = &o.admin_listen {
             self.admin_listen = v.clone();
+        }
+        if let Some(v) = &o.metrics_listen {
+            self.metrics_listen = Some(v.clone()).filter(|v| !v.is_empty());
         }
         if let Some(v) = &o.upstream_kubeconfig {
             self.upstream.kubeconfig = Some(v.clone());
@@ -740,12 +756,35 @@ impl Config {
             ));
         }
         parse_addr("listen", &self.listen)?;
-        parse_addr("adminListen", &self.admin_listen)?;
+        let admin = parse_addr("adminListen", &self.admin_listen)?;
+        if !admin.ip().is_loopback() {
+            return Err(ConfigError::invalid(
+                "adminListen",
+                format!(
+                    "{:?} is not a loopback address: the admin port answers /metrics without \
+                     authentication, so it stays on 127.0.0.1 (kubelet probes a hostNetwork pod \
+                     there); serve metrics beyond the node with metricsListen (HTTPS, \
+                     authenticated and authorized)",
+                    self.admin_listen
+                ),
+            ));
+        }
         if self.listen == self.admin_listen && !self.listen.ends_with(":0") {
             return Err(ConfigError::invalid(
                 "adminListen",
                 "must differ from listen",
             ));
+        }
+        if let Some(metrics) = self.metrics_listen.as_ref().filter(|m| !m.is_empty()) {
+            parse_addr("metricsListen", metrics)?;
+            if (*metrics == self.listen || *metrics == self.admin_listen)
+                && !metrics.ends_with(":0")
+            {
+                return Err(ConfigError::invalid(
+                    "metricsListen",
+                    "must differ from listen and adminListen",
+                ));
+            }
         }
         match (&self.tls.cert_file, &self.tls.private_key_file) {
             // The certificate comes from the CSR API; the files are unused.
@@ -801,6 +840,24 @@ impl Config {
     pub fn admin_listen_addr(&self) -> Result<SocketAddr, ConfigError> {
         parse_addr("adminListen", &self.admin_listen)
     }
+
+    /// The parsed `metricsListen` address, if set.
+    ///
+    /// # Errors
+    /// When `metricsListen` is not `host:port`.
+    pub fn metrics_listen_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.metrics_listen
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .map(|m| parse_addr("metricsListen", m))
+            .transpose()
+    }
+}
+
+/// An optional string where `""` means unset.
+fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let v: Option<String> = Option::deserialize(d)?;
+    Ok(v.filter(|s| !s.is_empty()))
 }
 
 fn parse_addr(field: &str, value: &str) -> Result<SocketAddr, ConfigError> {
@@ -909,6 +966,43 @@ mod tests {
         };
         let err = c.validate().unwrap_err().to_string();
         assert!(err.starts_with("listen:"), "{err}");
+    }
+
+    #[test]
+    fn admin_port_stays_on_loopback() {
+        let check = |admin: &str, metrics: Option<&str>| {
+            let c = Config {
+                admin_listen: admin.into(),
+                metrics_listen: metrics.map(str::to_string),
+                ..Config::default()
+            };
+            // The first error after the addresses is the missing certificate.
+            let err = c.validate().unwrap_err().to_string();
+            (!err.starts_with("tls.certFile:")).then_some(err)
+        };
+        assert_eq!(check("127.0.0.1:9444", None), None);
+        assert_eq!(check("127.0.0.1:9444", Some("")), None);
+        assert_eq!(check("[::1]:9444", Some("0.0.0.0:9445")), None);
+        for addr in ["0.0.0.0:9444", "[::]:9444", "10.0.0.5:9444"] {
+            let err = check(addr, None).unwrap();
+            assert!(err.starts_with("adminListen:"), "{err}");
+            assert!(err.contains("metricsListen"), "{err}");
+        }
+        let err = check("127.0.0.1:9444", Some("nowhere")).unwrap();
+        assert!(err.starts_with("metricsListen:"), "{err}");
+        let err = check("127.0.0.1:9444", Some("127.0.0.1:9444")).unwrap();
+        assert!(err.starts_with("metricsListen:"), "{err}");
+        let mut c = Config::default();
+        c.apply(&Overrides {
+            metrics_listen: Some("0.0.0.0:9445".into()),
+            ..Overrides::default()
+        });
+        assert_eq!(c.metrics_listen.as_deref(), Some("0.0.0.0:9445"));
+        c.apply(&Overrides {
+            metrics_listen: Some(String::new()),
+            ..Overrides::default()
+        });
+        assert_eq!(c.metrics_listen, None);
     }
 
     #[test]

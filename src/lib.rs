@@ -18,6 +18,7 @@ pub mod demo;
 pub mod handler;
 pub mod identity;
 pub mod metrics;
+pub mod metrics_listener;
 pub mod proxy;
 pub mod ready;
 pub mod serve;
@@ -71,19 +72,22 @@ pub enum RunError {
     Metrics(#[from] prometheus::Error),
 }
 
-/// The two bound listeners.
+/// The bound listeners.
 #[derive(Debug)]
 pub struct Listeners {
     /// Client (HTTPS) traffic.
     pub api: TcpListener,
-    /// Admin (plain HTTP) traffic.
+    /// Admin (plain HTTP, loopback) traffic.
     pub admin: TcpListener,
+    /// Metrics (HTTPS, authenticated), when `metricsListen` is set.
+    pub metrics: Option<TcpListener>,
 }
 
 // === impl Listeners ===
 
 impl Listeners {
-    /// Binds `listen` and `adminListen` from a validated config.
+    /// Binds `listen`, `adminListen` and `metricsListen` from a validated
+    /// config.
     ///
     /// # Errors
     /// [`RunError::Bind`] or [`RunError::Config`].
@@ -102,7 +106,19 @@ impl Listeners {
                 addr: admin_addr,
                 source,
             })?;
-        Ok(Listeners { api, admin })
+        let metrics = match config.metrics_listen_addr()? {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| RunError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
+        Ok(Listeners {
+            api,
+            admin,
+            metrics,
+        })
     }
 }
 
@@ -207,6 +223,26 @@ pub async fn run(
     let caches = cache::Caches::new(&cache_config, &config.node_name, &identity, &cache_metrics)?;
     caches.spawn_reflectors(&upstream, &readiness, &token);
     let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
+    if let Some(listener) = listeners.metrics {
+        let metrics_listener = metrics_listener::MetricsListener {
+            admin: Admin {
+                metrics: metrics.clone(),
+                readiness: readiness.clone(),
+                tls: Some(tls.clone()),
+            },
+            tls: tls.clone(),
+            auth: auth::Auth::new(
+                &upstream,
+                &config.authentication,
+                &config.authorization,
+                auth_metrics.clone(),
+            ),
+        };
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "serving metrics (HTTPS, authenticated)");
+        }
+        tokio::spawn(metrics_listener.serve(listener, admin_token.clone()));
+    }
     let auth = auth::Auth::new(
         &upstream,
         &config.authentication,

@@ -159,7 +159,7 @@ pub async fn serve(
 /// authenticator does: verified against the client CA (now, for client
 /// authentication), the user its CN, groups its O. A failure is not a
 /// handshake error: the request may still authenticate with a token.
-fn client_certificate(
+pub(crate) fn client_certificate(
     server_tls: &ServerTls,
     chain: Option<&[rustls::pki_types::CertificateDer<'_>]>,
 ) -> ClientCertificate {

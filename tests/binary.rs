@@ -39,6 +39,7 @@ fn help_documents_every_flag() {
         "--config",
         "--listen",
         "--admin-listen",
+        "--metrics-listen",
         "--upstream-kubeconfig",
         "--upstream-context",
         "--tls-cert-file",
@@ -70,6 +71,7 @@ fn a_bad_configuration_exits_64_naming_the_field() {
             "historyCapacty",
         ),
         ("listen: nowhere\n", &[], "listen"),
+        ("adminListen: 0.0.0.0:9444\n", &[], "not a loopback address"),
         ("", &[], "tls.certFile"),
         (
             "cache:\n  resources:\n  - {version: v1, resource: widgets, group: example.com}\n",
@@ -203,6 +205,7 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .arg(config)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .arg("--tls-cert-file")
         .arg(&cert)
         .arg("--tls-private-key-file")

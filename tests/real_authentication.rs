@@ -286,3 +286,134 @@ async fn credentials_authenticate_as_at_the_apiserver() {
     );
     assert!(served >= 20.0, "{served} reads served from the cache");
 }
+
+/// `metricsListen`: `/metrics` beyond loopback only for a caller the
+/// apiserver authenticates (TokenReview, or a client certificate) and
+/// authorizes `get` on the non-resource URL `/metrics` (SubjectAccessReview),
+/// with the apiserver's own 403 for anyone else; health endpoints open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_beyond_loopback_need_authentication_and_authorization() {
+    let Some(env) = RealEnv::start_with(|c| c.metrics_listen = Some("127.0.0.1:0".into())).await
+    else {
+        return;
+    };
+    let ns = env.namespace("metrics-authz").await;
+    for name in ["scraper", "nobody"] {
+        env.create(
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+        )
+        .await;
+    }
+    // What Prometheus is given: get on /metrics (the built-in
+    // system:monitoring role).
+    env.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "metrics-authz-scraper"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:monitoring"},
+               "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns}]}),
+    )
+    .await;
+    let scraper = env.token(&ns, "scraper", &[]).await;
+    let nobody = env.token(&ns, "nobody", &[]).await;
+    let metrics_url = format!("https://{}", env.running.metrics.unwrap());
+    let client = |auth: Auth| Client::new(&metrics_url, &env.proxy_ca_pem, auth, false);
+    eventually(Duration::from_secs(10), "RBAC to settle", || {
+        let c = client(Auth::Token(scraper.clone()));
+        async move { (c.get("/metrics").await.status == 200).then_some(()) }
+    })
+    .await;
+
+    let stranger = Ca::new("metrics-untrusted")
+        .unwrap()
+        .issue_client("system:admin", Some("system:monitoring"))
+        .unwrap();
+    let cases: Vec<(&str, Auth, u16)> = vec![
+        ("no credential", Auth::Anonymous, 401),
+        ("invalid token", Auth::Token("not-a-token".into()), 401),
+        ("untrusted certificate", Auth::Cert(stranger), 401),
+        ("unauthorized token", Auth::Token(nobody.clone()), 403),
+        (
+            "unauthorized certificate",
+            env.cert("metrics-nobody", None),
+            403,
+        ),
+        ("authorized token", Auth::Token(scraper.clone()), 200),
+        (
+            "certificate in system:monitoring",
+            env.cert("metrics-prometheus", Some("system:monitoring")),
+            200,
+        ),
+    ];
+    let mut table = Vec::new();
+    for (what, auth, want) in cases {
+        let r = client(auth.clone()).get("/metrics").await;
+        table.push(format!("{what}: {}", r.status));
+        assert_eq!(r.status, want, "{what}: {}", r.text());
+        match want {
+            200 => assert!(r.text().contains("kube_cache_proxy_ready"), "{what}"),
+            401 => assert_eq!(r.json()["reason"], "Unauthorized", "{what}"),
+            _ => {
+                // The apiserver's own answer to the same identity for its
+                // /metrics.
+                let d = env.direct(auth).get("/metrics").await;
+                assert_eq!(d.status, 403, "{what}: {}", d.text());
+                assert_eq!(r.json(), d.json(), "{what}");
+            }
+        }
+    }
+    // The identity monitoring/podmonitor.yaml scrapes with
+    // (monitoring/scraper.yaml; a TokenRequest stands in for the Secret
+    // the token controller would fill): /metrics, and nothing else.
+    for doc in include_str!("../manifests/monitoring/scraper.yaml").split("\n---\n") {
+        let obj: serde_json::Value = serde_saphyr::from_str(doc).unwrap();
+        let path = match obj["kind"].as_str().unwrap() {
+            "ServiceAccount" => "/api/v1/namespaces/kube-system/serviceaccounts",
+            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+            "ClusterRoleBinding" => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            _ => continue,
+        };
+        env.create(path, obj).await;
+    }
+    let reader = env
+        .token("kube-system", "kube-cache-proxy-metrics-reader", &[])
+        .await;
+    let r = eventually(Duration::from_secs(10), "the reader's binding", || {
+        let c = client(Auth::Token(reader.clone()));
+        async move { Some(c.get("/metrics").await).filter(|r| r.status == 200) }
+    })
+    .await;
+    assert!(r.text().contains("kube_cache_proxy_ready"));
+    table.push("monitoring/scraper.yaml's token: 200 OK".into());
+    let direct = env.direct(Auth::Token(reader));
+    assert_eq!(direct.get("/api/v1/namespaces").await.status, 403);
+    assert_eq!(
+        direct
+            .get("/api/v1/namespaces/kube-system/secrets")
+            .await
+            .status,
+        403
+    );
+    println!("{}", table.join("\n"));
+    // Health is open and carries no cluster data; other paths are
+    // authorized first, then not found.
+    let anonymous = client(Auth::Anonymous);
+    for path in ["/readyz", "/livez", "/healthz"] {
+        let r = anonymous.get(path).await;
+        assert_eq!(
+            (r.status.as_u16(), r.text().as_str()),
+            (200, "ok"),
+            "{path}"
+        );
+    }
+    assert_eq!(anonymous.get("/debug/pprof").await.status, 401);
+    assert_eq!(
+        client(Auth::Token(scraper)).get("/nothing").await.status,
+        403
+    );
+    assert_eq!(client(env.admin()).get("/nothing").await.status, 404);
+    // The loopback admin port is unchanged.
+    let (status, _) = env.running.admin_get("/metrics").await;
+    assert_eq!(status, 200);
+}

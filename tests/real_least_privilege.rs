@@ -105,6 +105,7 @@ struct Binary {
     child: tokio::process::Child,
     port: u16,
     admin_port: u16,
+    metrics_port: u16,
     dir: PathBuf,
     ca_pem: String,
 }
@@ -122,12 +123,13 @@ impl Binary {
             p
         };
         let free = || kube_testenv::free_port().unwrap();
-        let (port, admin_port) = (free(), free());
+        let (port, admin_port, metrics_port) = (free(), free(), free());
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kube-cache-proxy"))
             .arg("--config")
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/kube-cache-proxy.yaml"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .arg("--tls-cert-file")
             .arg(write("tls.crt", &serving.cert_pem))
             .arg("--tls-private-key-file")
@@ -147,6 +149,7 @@ impl Binary {
             child,
             port,
             admin_port,
+            metrics_port,
             dir,
             ca_pem: ca.cert_pem(),
         }
@@ -173,6 +176,15 @@ impl Binary {
     fn client(&self, auth: Auth) -> Client {
         Client::new(
             &format!("https://127.0.0.1:{}", self.port),
+            &self.ca_pem,
+            auth,
+            false,
+        )
+    }
+
+    fn metrics_client(&self, auth: Auth) -> Client {
+        Client::new(
+            &format!("https://127.0.0.1:{}", self.metrics_port),
             &self.ca_pem,
             auth,
             false,
@@ -339,6 +351,15 @@ async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
             "{resource} not served from the cache: {metrics}"
         );
     }
+    // The metrics port: health open, /metrics for who may read it.
+    let anonymous = proxy.metrics_client(Auth::Anonymous);
+    assert_eq!(anonymous.get("/readyz").await.status, 200);
+    assert_eq!(anonymous.get("/metrics").await.status, 401);
+    let r = proxy
+        .metrics_client(Auth::Cert(cp.admin().clone()))
+        .get("/metrics")
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
     // An administrator's certificate is not the node's: refused.
     let r = proxy
         .client(Auth::Cert(cp.admin().clone()))
