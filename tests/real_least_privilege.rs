@@ -43,6 +43,15 @@ async fn apply(admin: &Client, manifest: &str) {
     }
 }
 
+/// A request to make: what it is, method, path, headers, body.
+type Probe = (
+    &'static str,
+    Method,
+    String,
+    Vec<(&'static str, String)>,
+    Option<Vec<u8>>,
+);
+
 /// Whether the token's user may do it (a SelfSubjectAccessReview).
 async fn may(client: &Client, attrs: Value) -> bool {
     let r = client
@@ -97,10 +106,9 @@ async fn node_bound_token(admin: &Client, node: &str) -> String {
     r.json()["status"]["token"].as_str().unwrap().to_string()
 }
 
-/// The binary, started with the DaemonSet's configuration
-/// (`manifests/kube-cache-proxy.yaml`, unchanged) and, for what only
-/// exists on a node, flags: loopback ports, certificate files, the
-/// upstream kubeconfig and the node's name.
+/// The binary, started with a shipped configuration (unchanged) and, for
+/// what only exists on a node, flags: loopback ports, certificate files,
+/// the upstream kubeconfig and the node's name.
 struct Binary {
     child: tokio::process::Child,
     port: u16,
@@ -111,8 +119,31 @@ struct Binary {
 }
 
 impl Binary {
+    /// With the DaemonSet's configuration (`manifests/kube-cache-proxy.yaml`).
     fn start(cp: &ControlPlane, upstream_kubeconfig: &str, node: &str) -> Binary {
+        Binary::start_with(
+            cp,
+            "manifests/kube-cache-proxy.yaml",
+            |_| upstream_kubeconfig.to_string(),
+            node,
+            false,
+        )
+    }
+
+    /// With `config` (relative to the repository), the upstream kubeconfig
+    /// `kubeconfig(dir)` writes (files it names go in `dir`), and, when
+    /// `no_capabilities`, the process as a static pod or the systemd unit
+    /// runs it: root without any capability (`setpriv`; only where the
+    /// test runs as root and has it, else as is).
+    fn start_with(
+        cp: &ControlPlane,
+        config: &str,
+        kubeconfig: impl FnOnce(&Path) -> String,
+        node: &str,
+        no_capabilities: bool,
+    ) -> Binary {
         let dir = support::env::tempdir();
+        let upstream_kubeconfig = kubeconfig(&dir);
         let ca = Ca::new("lp-binary").unwrap();
         let serving = ca
             .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
@@ -124,9 +155,23 @@ impl Binary {
         };
         let free = || kube_testenv::free_port().unwrap();
         let (port, admin_port, metrics_port) = (free(), free(), free());
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kube-cache-proxy"))
+        let bin = env!("CARGO_BIN_EXE_kube-cache-proxy");
+        let mut command = if no_capabilities && can_drop_capabilities() {
+            let mut c = tokio::process::Command::new("setpriv");
+            c.args([
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--ambient-caps=-all",
+                "--",
+                bin,
+            ]);
+            c
+        } else {
+            tokio::process::Command::new(bin)
+        };
+        let child = command
             .arg("--config")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/kube-cache-proxy.yaml"))
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(config))
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
@@ -137,7 +182,7 @@ impl Binary {
             .arg("--client-ca-file")
             .arg(write("client-ca.crt", &cp.ca_pem()))
             .arg("--upstream-kubeconfig")
-            .arg(write("upstream.kubeconfig", upstream_kubeconfig))
+            .arg(write("upstream.kubeconfig", &upstream_kubeconfig))
             .args(["--node-name", node])
             .stdout(Stdio::null())
             // A file, not a pipe nobody drains while it runs.
@@ -195,6 +240,19 @@ impl Binary {
     fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
     }
+}
+
+/// Whether this test runs as root with `setpriv` at hand, to run the proxy
+/// as root without capabilities.
+fn can_drop_capabilities() -> bool {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    root && std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 impl Drop for Binary {
@@ -438,6 +496,153 @@ async fn the_shipped_identity_is_the_node_and_nothing_more() {
     );
     println!("{}", table.join("\n"));
 
+    // Real requests made the way the proxy makes them (the token,
+    // impersonating its node): what its node may not do is refused, by the
+    // apiserver's own checks (constrained impersonation, the Node
+    // authorizer, NodeRestriction), exactly as for the node's certificate.
+    let ns = "lp-requests";
+    let r = admin
+        .post_json(
+            "/api/v1/namespaces",
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    for (path, obj) in [
+        (
+            "/api/v1/nodes".to_string(),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "lp-other-node"}}),
+        ),
+        (
+            format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        ),
+        (
+            format!("/api/v1/namespaces/{ns}/secrets"),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "unreferenced"},
+                   "stringData": {"k": "v"}}),
+        ),
+        (
+            format!("/api/v1/namespaces/{ns}/pods"),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "elsewhere"},
+                   "spec": {"nodeName": "lp-other-node", "automountServiceAccountToken": false,
+                            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}),
+        ),
+    ] {
+        let r = admin.post_json(&path, &obj).await;
+        assert_eq!(r.status, 201, "{path}: {}", r.text());
+    }
+    let as_node = [("impersonate-user", format!("system:node:{NODE}"))];
+    let pod_elsewhere = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "lp-evil"},
+        "spec": {"nodeName": "lp-other-node", "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}))
+    .unwrap();
+    let merge = "application/merge-patch+json";
+    let label = br#"{"metadata":{"labels":{"evil":"yes"}}}"#.to_vec();
+    let node_cert = Client::new(
+        &cp.url(),
+        &cp.ca_pem(),
+        Auth::Cert(
+            cp.issue_client(&format!("system:node:{NODE}"), Some("system:nodes"))
+                .unwrap(),
+        ),
+        false,
+    );
+    let requests: Vec<Probe> = vec![
+        (
+            "impersonate another node",
+            Method::GET,
+            format!("/api/v1/nodes/{NODE}"),
+            vec![("impersonate-user", "system:node:lp-other-node".into())],
+            None,
+        ),
+        (
+            "impersonate the node with group system:masters",
+            Method::GET,
+            format!("/api/v1/nodes/{NODE}"),
+            vec![
+                ("impersonate-user", format!("system:node:{NODE}")),
+                ("impersonate-group", "system:masters".into()),
+            ],
+            None,
+        ),
+        (
+            "patch another node's Node",
+            Method::PATCH,
+            "/api/v1/nodes/lp-other-node".into(),
+            vec![as_node[0].clone(), ("content-type", merge.into())],
+            Some(label.clone()),
+        ),
+        (
+            "create a pod bound to another node",
+            Method::POST,
+            format!("/api/v1/namespaces/{ns}/pods"),
+            vec![
+                as_node[0].clone(),
+                ("content-type", "application/json".into()),
+            ],
+            Some(pod_elsewhere),
+        ),
+        (
+            "get a secret no pod of the node references",
+            Method::GET,
+            format!("/api/v1/namespaces/{ns}/secrets/unreferenced"),
+            as_node.to_vec(),
+            None,
+        ),
+        (
+            "get another node's pod",
+            Method::GET,
+            format!("/api/v1/namespaces/{ns}/pods/elsewhere"),
+            as_node.to_vec(),
+            None,
+        ),
+        (
+            "list every pod",
+            Method::GET,
+            "/api/v1/pods".into(),
+            as_node.to_vec(),
+            None,
+        ),
+        (
+            "delete another node's pod",
+            Method::DELETE,
+            format!("/api/v1/namespaces/{ns}/pods/elsewhere"),
+            as_node.to_vec(),
+            None,
+        ),
+    ];
+    for (what, method, path, headers, body) in requests {
+        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let r = sa.send(method.clone(), &path, &h, body.clone()).await;
+        assert_eq!(r.status, 403, "{what}: {}", r.text());
+        // The node itself is refused the same (impersonation aside).
+        if what.starts_with("impersonate") {
+            println!("{what}: 403 {}", r.json()["message"]);
+            continue;
+        }
+        let plain: Vec<(&str, &str)> = h
+            .iter()
+            .filter(|(k, _)| !k.starts_with("impersonate-"))
+            .copied()
+            .collect();
+        let d = node_cert.send(method, &path, &plain, body).await;
+        assert_eq!(d.status, 403, "{what} by the node itself: {}", d.text());
+        // Refused as the node, not for want of an impersonation grant.
+        assert_eq!(r.json()["message"], d.json()["message"], "{what}");
+        println!("{what}: 403 {}", r.json()["message"]);
+    }
+    // What the node may, the token may as the node.
+    let r = sa
+        .send(
+            Method::GET,
+            &format!("/api/v1/nodes/{NODE}"),
+            &[("impersonate-user", &format!("system:node:{NODE}"))],
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
     // A proxy with exactly that identity.
     let kubeconfig = cp
         .write_file(
@@ -528,4 +733,161 @@ async fn the_shipped_identity_is_the_node_and_nothing_more() {
     assert_eq!(own.get(&format!("/api/v1/nodes/{NODE}")).await.status, 200);
     let metrics = env.proxy_metrics().await;
     assert!(metrics.contains("kube_cache_proxy_ready 1"), "{metrics}");
+}
+
+/// The static pod's and systemd unit's way: the binary with exactly
+/// `manifests/node/config.yaml`, its upstream kubeconfig
+/// (`manifests/node/upstream-kubeconfig.yaml`) naming the node's own client
+/// certificate in one root-only file as kubelet keeps it, run as root
+/// without capabilities, `manifests/node/rbac.yaml` applied: a hollow
+/// kubelet through it becomes Ready and runs its pods; another node's
+/// certificate cannot act through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_certificate_mode_carries_a_hollow_kubelet() {
+    let Some(cp) = ControlPlane::shared().await else {
+        return;
+    };
+    const NODE: &str = "lp-cert-node";
+    let admin = Client::new(
+        &cp.url(),
+        &cp.ca_pem(),
+        Auth::Cert(cp.admin().clone()),
+        false,
+    );
+    apply(&admin, include_str!("../manifests/node/rbac.yaml")).await;
+    let node_cert = cp
+        .issue_client(&format!("system:node:{NODE}"), Some("system:nodes"))
+        .unwrap();
+    let proxy = Binary::start_with(
+        cp,
+        "manifests/node/config.yaml",
+        |dir| {
+            use std::os::unix::fs::PermissionsExt;
+            // kubelet-client-current.pem: certificate and key, mode 0600.
+            let pem = dir.join("kubelet-client-current.pem");
+            std::fs::write(&pem, format!("{}{}", node_cert.cert_pem, node_cert.key_pem)).unwrap();
+            std::fs::set_permissions(&pem, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let ca = dir.join("ca.crt");
+            std::fs::write(&ca, cp.ca_pem()).unwrap();
+            include_str!("../manifests/node/upstream-kubeconfig.yaml")
+                .replace("https://k8s-api.example.internal:6443", &cp.url())
+                .replace("/etc/kubernetes/pki/ca.crt", &ca.display().to_string())
+                .replace(
+                    "/var/lib/kubelet/pki/kubelet-client-current.pem",
+                    &pem.display().to_string(),
+                )
+        },
+        NODE,
+        true,
+    );
+    eventually(Duration::from_secs(60), "the proxy to be ready", || {
+        let p = &proxy;
+        async move {
+            p.admin_get("/readyz?verbose")
+                .await
+                .filter(|(s, _)| *s == 200)
+        }
+    })
+    .await;
+
+    let ns = "lp-cert";
+    for (path, obj) in [
+        (
+            "/api/v1/namespaces".to_string(),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        ),
+        (
+            format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        ),
+        (
+            format!("/api/v1/namespaces/{ns}/configmaps"),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {"a": "1"}}),
+        ),
+    ] {
+        let r = admin.post_json(&path, &obj).await;
+        assert_eq!(r.status, 201, "{path}: {}", r.text());
+    }
+    let kubelet_kc = proxy.dir.join("kubelet.kubeconfig");
+    std::fs::write(
+        &kubelet_kc,
+        kube_cache_proxy::kubeconfig::with_certificate(
+            &format!("https://127.0.0.1:{}", proxy.port),
+            &proxy.ca_pem,
+            &format!("system:node:{NODE}"),
+            &node_cert.cert_pem,
+            &node_cert.key_pem,
+        ),
+    )
+    .unwrap();
+    let kubelet = cp.hollow(Morph::Kubelet, NODE, &kubelet_kc, &[]).unwrap();
+    eventually(
+        Duration::from_secs(90),
+        "the hollow node to be Ready",
+        || {
+            let a = admin.clone();
+            async move {
+                let r = a.get(&format!("/api/v1/nodes/{NODE}")).await;
+                (r.status == 200 && condition_true(&r.json(), "Ready")).then_some(())
+            }
+        },
+    )
+    .await;
+    for i in 0..2 {
+        let r = admin
+            .post_json(
+                &format!("/api/v1/namespaces/{ns}/pods"),
+                &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("p-{i}")},
+                        "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                                 "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}]}}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let pods = format!("/api/v1/namespaces/{ns}/pods");
+    eventually(Duration::from_secs(90), "its pods Running", || {
+        let (a, p) = (admin.clone(), pods.clone());
+        async move {
+            let items = a.get(&p).await.json()["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            (items
+                .iter()
+                .filter(|p| p["status"]["phase"] == "Running")
+                .count()
+                == 2)
+                .then_some(())
+        }
+    })
+    .await;
+    drop(kubelet);
+    let (_, metrics) = proxy.admin_get("/metrics").await.unwrap();
+    let served = metric_sum(
+        &metrics,
+        "kube_cache_proxy_requests_total",
+        &[("resource", "pods"), ("source", "cache")],
+    );
+    assert!(served >= 1.0, "kubelet's pods not served from the cache");
+
+    let other = proxy.client(Auth::Cert(
+        cp.issue_client("system:node:lp-cert-other", Some("system:nodes"))
+            .unwrap(),
+    ));
+    let r = other.get("/api/v1/nodes/lp-cert-other").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(
+        r.text().contains("acts upstream only as node"),
+        "{}",
+        r.text()
+    );
+    println!(
+        "certificate mode{}: hollow kubelet Ready, pods Running",
+        if can_drop_capabilities() {
+            ", root without capabilities"
+        } else {
+            ""
+        }
+    );
 }
