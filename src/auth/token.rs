@@ -2,8 +2,9 @@
 //!
 //! The cache is keyed by SHA-256 of a per-process random salt and the
 //! token, never by the token itself. A positive answer is kept for
-//! `cacheTTLSeconds` (default 2 minutes, kube-apiserver's
-//! `--authentication-token-webhook-cache-ttl`) but never past the token's
+//! `cacheTTLSeconds` (default 10 s, so that a deleted ServiceAccount's
+//! token stops working within seconds, as at the apiserver; its webhook
+//! authenticator keeps 2 minutes) but never past the token's
 //! own expiry when the token is a JWT (its `exp` claim is read, not
 //! trusted: it only shortens the TTL); a negative answer for
 //! `failureCacheTTLSeconds` (default 10 s). Errors are not cached.
