@@ -409,6 +409,23 @@ async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
             "{resource} not served from the cache: {metrics}"
         );
     }
+    // The proxy's own token, sent through it with legacy impersonation:
+    // passed through with the token, refused as by the apiserver.
+    let imp = [("impersonate-user", "system:admin")];
+    let path = "/api/v1/namespaces/kube-system/secrets";
+    let d = Client::new(&cp.url(), &cp.ca_pem(), Auth::Token(token.clone()), false)
+        .send(Method::GET, path, &imp, None)
+        .await;
+    let p = proxy
+        .client(Auth::Token(token.clone()))
+        .send(Method::GET, path, &imp, None)
+        .await;
+    assert_eq!((d.status, d.json()), (p.status, p.json()));
+    assert_eq!(d.status, 403);
+    println!(
+        "legacy impersonation by the proxy's account: {}",
+        d.json()["message"]
+    );
     // The metrics port: health open, /metrics for who may read it.
     let anonymous = proxy.metrics_client(Auth::Anonymous);
     assert_eq!(anonymous.get("/readyz").await.status, 200);
