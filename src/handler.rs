@@ -265,9 +265,15 @@ impl Handler {
                 (headers, Credentials::Proxy)
             }
             // Tokens and anonymous requests travel as they are; the
-            // apiserver authenticates and authorizes them itself.
-            Credential::Bearer(_) | Credential::None => {
+            // apiserver authenticates and authorizes them itself. Over
+            // HTTP/2 only a token known to be valid: the apiserver ends an
+            // HTTP/2 connection after an unauthenticated or anonymous
+            // request, and other clients' requests share it.
+            Credential::Bearer(token) if self.auth.tokens().known_authenticated(token).await => {
                 (req.headers().clone(), Credentials::Client)
+            }
+            Credential::Bearer(_) | Credential::None => {
+                (req.headers().clone(), Credentials::ClientHttp1)
             }
         };
         let gauge = self

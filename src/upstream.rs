@@ -18,7 +18,15 @@
 //!   certificate, its `Authorization` header). Used for the reflectors,
 //!   TokenReview/SubjectAccessReview, and impersonated pass-through.
 //! - [`Credentials::Client`]: no proxy credential at all; the request keeps
-//!   the client's own `Authorization` header, or none (anonymous).
+//!   the client's own `Authorization` header, a token the proxy knows to be
+//!   valid.
+//! - [`Credentials::ClientHttp1`]: the same, over HTTP/1.1 only: for
+//!   requests the apiserver may not authenticate (no credential, or a
+//!   token not known to be valid). kube-apiserver ends an HTTP/2
+//!   connection after a request it did not authenticate or took as
+//!   anonymous (its `UnauthenticatedHTTP2DOSMitigation`, GOAWAY then
+//!   close), which would fail the other clients' requests multiplexed on
+//!   the proxy's connection; over HTTP/1.1 it affects that request only.
 //!
 //! HTTP upgrades (exec, attach, port-forward) use a dedicated HTTP/1.1
 //! connection per request, since HTTP/2 has no `Upgrade`.
@@ -62,6 +70,10 @@ pub enum Credentials {
     Proxy,
     /// None of the proxy's; the client's own headers are kept.
     Client,
+    /// As `Client`, on HTTP/1.1 connections of their own: for requests the
+    /// apiserver may answer as unauthenticated or anonymous (see the module
+    /// documentation).
+    ClientHttp1,
 }
 
 /// An error reaching the apiserver. Every variant is upstream-side.
@@ -115,6 +127,7 @@ pub struct Upstream {
     /// that certificate is re-read from its files.
     proxy: Arc<RwLock<Transport>>,
     client: Transport,
+    client_http1: Transport,
     auth: Option<AuthService>,
     /// The proxy's client certificate and key files, when the kubeconfig
     /// names files rather than embedding the data.
@@ -243,12 +256,27 @@ impl Upstream {
             &server_name,
             connect_timeout,
             idle_timeout,
+            true,
         );
-        let client = Transport::new(client_tls, &server_name, connect_timeout, idle_timeout);
+        let client = Transport::new(
+            client_tls.clone(),
+            &server_name,
+            connect_timeout,
+            idle_timeout,
+            true,
+        );
+        let client_http1 = Transport::new(
+            client_tls,
+            &server_name,
+            connect_timeout,
+            idle_timeout,
+            false,
+        );
         Ok(Upstream {
             base,
             proxy: Arc::new(RwLock::new(proxy)),
             client,
+            client_http1,
             auth,
             client_cert_files,
             proxy_tls: Arc::new(proxy_tls),
@@ -291,6 +319,7 @@ impl Upstream {
             &self.server_name,
             self.connect_timeout,
             self.idle_timeout,
+            true,
         );
         *self.proxy.write() = transport;
         *seen = stamps;
@@ -320,6 +349,7 @@ impl Upstream {
         match credentials {
             Credentials::Proxy => self.proxy.read().clone(),
             Credentials::Client => self.client.clone(),
+            Credentials::ClientHttp1 => self.client_http1.clone(),
         }
     }
 
@@ -496,6 +526,7 @@ impl Transport {
         server_name: &ServerName<'static>,
         connect_timeout: Duration,
         idle_timeout: Duration,
+        http2: bool,
     ) -> Transport {
         let mut tls_h1 = tls.clone();
         tls_h1.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -503,15 +534,18 @@ impl Transport {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
                 server_name.clone(),
             ))
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+            .enable_http1();
+        let https = if http2 {
+            builder.enable_http2().wrap_connector(http)
+        } else {
+            builder.wrap_connector(http)
+        };
         // The connect timeout above covers TCP only; this one also bounds
         // the TLS handshake.
         let connector = TimeoutConnector {

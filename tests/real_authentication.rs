@@ -417,3 +417,66 @@ async fn metrics_beyond_loopback_need_authentication_and_authorization() {
     let (status, _) = env.running.admin_get("/metrics").await;
     assert_eq!(status, 200);
 }
+
+/// kube-apiserver ends an HTTP/2 connection after a request it did not
+/// authenticate, or took as anonymous: anonymous clients and bad tokens
+/// passed through the proxy must not take down the requests of other
+/// clients that share its connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_clients_do_not_disturb_the_others() {
+    let Some(env) = RealEnv::start().await else {
+        return;
+    };
+    let ns = env.namespace("authn-neighbours").await;
+    env.create(
+        &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "agent"}}),
+    )
+    .await;
+    let token = env.token(&ns, "agent", &[]).await;
+    // Passed through (not cached), authenticated: the token's user.
+    let path = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
+    let body = serde_json::to_vec(
+        &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
+    )
+    .unwrap();
+    let agent = env.proxy_h2(Auth::Token(token));
+    // A cached read reviews the token: the proxy knows it is valid.
+    let r = agent.get("/api/v1/namespaces?resourceVersion=0").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    let strangers = [
+        env.proxy_h2(Auth::Anonymous),
+        env.proxy_h2(Auth::Token("not-a-token".into())),
+    ];
+    let agent_task = async {
+        let mut statuses = Vec::new();
+        for _ in 0..150 {
+            let r = agent
+                .send(
+                    Method::POST,
+                    path,
+                    &[("content-type", "application/json")],
+                    Some(body.clone()),
+                )
+                .await;
+            statuses.push(r.status.as_u16());
+        }
+        statuses
+    };
+    let stranger_task = async {
+        let mut statuses = Vec::new();
+        for i in 0..150 {
+            statuses.push(strangers[i % 2].get("/version").await.status.as_u16());
+        }
+        statuses
+    };
+    let (agent_statuses, stranger_statuses) = tokio::join!(agent_task, stranger_task);
+    assert!(
+        agent_statuses.iter().all(|s| *s == 201),
+        "{agent_statuses:?}"
+    );
+    assert!(
+        stranger_statuses.iter().all(|s| *s == 200 || *s == 401),
+        "{stranger_statuses:?}"
+    );
+}

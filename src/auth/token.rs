@@ -7,7 +7,8 @@
 //! authenticator keeps 2 minutes) but never past the token's
 //! own expiry when the token is a JWT (its `exp` claim is read, not
 //! trusted: it only shortens the TTL); a negative answer for
-//! `failureCacheTTLSeconds` (default 10 s). Errors are not cached.
+//! `failureCacheTTLSeconds` (default 10 s), unless the review carries an
+//! error. Failed reviews (the apiserver unreachable) are not cached.
 //! Concurrent misses for the same token make one upstream call.
 
 use std::time::{Duration, Instant, SystemTime};
@@ -133,17 +134,19 @@ impl TokenAuthenticator {
         )
         .await?;
         let status = answer.status.unwrap_or_default();
-        if status.error.as_deref().is_some_and(|e| !e.is_empty())
-            && status.authenticated != Some(true)
-        {
-            // The apiserver's webhook authenticator does not cache these.
-            return Err(ReviewError::Upstream(format!(
-                "token review error: {}",
-                status.error.unwrap_or_default()
-            )));
-        }
         if status.authenticated != Some(true) {
-            return Ok((TokenResult::Rejected, self.settings.failure_ttl));
+            // Not authenticated, with or without an error ("invalid bearer
+            // token" for any token no authenticator accepts): what the
+            // apiserver answers the token itself, 401. Answers with an
+            // error are not cached, as the apiserver's webhook
+            // authenticator caches none (a transient failure heals).
+            let failed = status.error.as_deref().is_some_and(|e| !e.is_empty());
+            let ttl = if failed {
+                Duration::ZERO
+            } else {
+                self.settings.failure_ttl
+            };
+            return Ok((TokenResult::Rejected, ttl));
         }
         let user = status.user.unwrap_or_default();
         let user = UserInfo {
@@ -160,6 +163,15 @@ impl TokenAuthenticator {
             TokenResult::Authenticated(user.with_authenticated_group()),
             ttl,
         ))
+    }
+
+    /// Whether `token` is known, from a cached TokenReview, to authenticate
+    /// someone. No review is made.
+    pub async fn known_authenticated(&self, token: &str) -> bool {
+        matches!(
+            self.cache.get(&self.key(token)).await,
+            Some(TokenResult::Authenticated(_))
+        )
     }
 
     /// Tokens in the cache, for tests.
