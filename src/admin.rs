@@ -1,5 +1,8 @@
 //! The admin listener: plain HTTP on its own port, serving `/metrics`,
-//! `/healthz`, `/livez` and `/readyz`. It never serves cluster data.
+//! `/healthz`, `/livez` and `/readyz`. It never serves cluster data, and,
+//! unauthenticated, listens on loopback only (`adminListen`); the same
+//! endpoints beyond the node are the metrics listener's
+//! ([`crate::metrics_listener`]).
 //!
 //! Health bodies follow kube-apiserver's format: `ok`, or with `?verbose`
 //! one `[+]check ok` / `[-]check failed: reason` line per check and a

@@ -50,9 +50,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<String>,
     /// Address (host:port) of the plain-HTTP admin listener (/metrics,
-    /// /healthz, /livez, /readyz). Default 127.0.0.1:9444.
+    /// /healthz, /livez, /readyz); loopback only. Default 127.0.0.1:9444.
     #[arg(long, value_name = "HOST:PORT")]
     pub admin_listen: Option<String>,
+    /// Address (host:port) of the HTTPS metrics listener: /metrics for
+    /// authenticated and authorized callers. Default: none.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
     /// Kubeconfig of the upstream kube-apiserver. Unset: in-cluster
     /// service-account configuration.
     #[arg(long, value_name = "FILE")]
@@ -118,6 +122,7 @@ impl ServeArgs {
         Overrides {
             listen: self.listen.clone(),
             admin_listen: self.admin_listen.clone(),
+            metrics_listen: self.metrics_listen.clone(),
             upstream_kubeconfig: self.upstream_kubeconfig.clone(),
             upstream_context: self.upstream_context.clone(),
             upstream_identity: self.upstream_identity,

@@ -55,9 +55,20 @@ pub struct Config {
     /// Default `127.0.0.1:6444`: a node-local proxy is reached over loopback.
     pub listen: String,
     /// Address (`host:port`) of the plain-HTTP admin listener (`/metrics`,
-    /// `/healthz`, `/livez`, `/readyz`). It serves no cluster data.
-    /// Default `127.0.0.1:9444`.
+    /// `/healthz`, `/livez`, `/readyz`), unauthenticated, so loopback
+    /// only: `127.0.0.1`, `::1` (kubelet probes a hostNetwork pod there).
+    /// It serves no cluster data. Default `127.0.0.1:9444`.
     pub admin_listen: String,
+    /// Address (`host:port`) of the metrics listener, for Prometheus beyond
+    /// loopback: HTTPS with the serving certificate of `tls`; `/metrics`
+    /// only for a caller that authenticates (a client certificate of
+    /// `tls.clientCAFile`, or a bearer token, by TokenReview) and is
+    /// authorized `get` on the non-resource URL `/metrics`
+    /// (SubjectAccessReview), as kubelet and kube-apiserver serve theirs;
+    /// `/healthz`, `/livez` and `/readyz` open. Unset or empty (default):
+    /// none.
+    #[serde(deserialize_with = "empty_as_none")]
+    pub metrics_listen: Option<String>,
     /// Downstream TLS.
     pub tls: TlsConfig,
     /// How to reach the kube-apiserver.
@@ -696,6 +707,7 @@ impl Default for Config {
             kind: None,
             listen: "127.0.0.1:6444".to_string(),
             admin_listen: "127.0.0.1:9444".to_string(),
+            metrics_listen: None,
             tls: TlsConfig::default(),
             upstream: UpstreamConfig::default(),
             shutdown_grace_period_seconds: 30,
@@ -726,6 +738,7 @@ impl Default for UpstreamConfig {
 pub struct Overrides {
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
+    pub metrics_listen: Option<String>,
     pub upstream_kubeconfig: Option<PathBuf>,
     pub upstream_context: Option<String>,
     pub upstream_identity: Option<IdentityMode>,
@@ -762,7 +775,7 @@ impl Config {
         if text.trim().is_empty() {
             return Ok(Config::default());
         }
-        serde_saphyr::from_str::<Config>(text).map_err(|e| e.to_string())
+        serde_saphyr::from_str::<Config>(text).map_err(|e| yaml_error(&e))
     }
 
     /// Applies command-line overrides.
@@ -772,6 +785,9 @@ impl Config {
         }
         if let Some(v) = &o.admin_listen {
             self.admin_listen = v.clone();
+        }
+        if let Some(v) = &o.metrics_listen {
+            self.metrics_listen = Some(v.clone()).filter(|v| !v.is_empty());
         }
         if let Some(v) = &o.upstream_kubeconfig {
             self.upstream.kubeconfig = Some(v.clone());
@@ -830,12 +846,35 @@ impl Config {
             ));
         }
         parse_addr("listen", &self.listen)?;
-        parse_addr("adminListen", &self.admin_listen)?;
+        let admin = parse_addr("adminListen", &self.admin_listen)?;
+        if !admin.ip().is_loopback() {
+            return Err(ConfigError::invalid(
+                "adminListen",
+                format!(
+                    "{:?} is not a loopback address: the admin port answers /metrics without \
+                     authentication, so it stays on 127.0.0.1 (kubelet probes a hostNetwork pod \
+                     there); serve metrics beyond the node with metricsListen (HTTPS, \
+                     authenticated and authorized)",
+                    self.admin_listen
+                ),
+            ));
+        }
         if self.listen == self.admin_listen && !self.listen.ends_with(":0") {
             return Err(ConfigError::invalid(
                 "adminListen",
                 "must differ from listen",
             ));
+        }
+        if let Some(metrics) = self.metrics_listen.as_ref().filter(|m| !m.is_empty()) {
+            parse_addr("metricsListen", metrics)?;
+            if (*metrics == self.listen || *metrics == self.admin_listen)
+                && !metrics.ends_with(":0")
+            {
+                return Err(ConfigError::invalid(
+                    "metricsListen",
+                    "must differ from listen and adminListen",
+                ));
+            }
         }
         match (&self.tls.cert_file, &self.tls.private_key_file) {
             // The certificate comes from the CSR API; the files are unused.
@@ -891,6 +930,24 @@ impl Config {
     pub fn admin_listen_addr(&self) -> Result<SocketAddr, ConfigError> {
         parse_addr("adminListen", &self.admin_listen)
     }
+
+    /// The parsed `metricsListen` address, if set.
+    ///
+    /// # Errors
+    /// When `metricsListen` is not `host:port`.
+    pub fn metrics_listen_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.metrics_listen
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .map(|m| parse_addr("metricsListen", m))
+            .transpose()
+    }
+}
+
+/// An optional string where `""` means unset.
+fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let v: Option<String> = Option::deserialize(d)?;
+    Ok(v.filter(|s| !s.is_empty()))
 }
 
 fn parse_addr(field: &str, value: &str) -> Result<SocketAddr, ConfigError> {
@@ -908,9 +965,75 @@ fn readable(field: &str, path: &Path) -> Result<(), ConfigError> {
         .map_err(|e| ConfigError::invalid(field, format!("{}: {e}", path.display())))
 }
 
+/// A YAML parse error without any of the text it was parsing: the
+/// parser's message and location (`... at line L, column C`), and the
+/// names of unknown, missing or duplicate fields, but no source snippet
+/// and no quoted value. A file given by mistake (a private key, a
+/// kubeconfig with a token) must never reach a log or a terminal.
+pub fn yaml_error(e: &serde_saphyr::Error) -> String {
+    let text = e.without_snippet().to_string();
+    let first = text.lines().next().unwrap_or_default();
+    redact_quoted(first)
+}
+
+/// `first` with the contents of every `"..."` and `` `...` `` replaced by
+/// `…`, except field names (`` field `name` ``), which are the schema's
+/// vocabulary or a misspelling of it.
+fn redact_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(['"', '`']) {
+        let quote = rest[start..].chars().next().unwrap_or('"');
+        let Some(len) = rest[start + 1..].find(quote) else {
+            break;
+        };
+        let before = &rest[..start];
+        let inner = &rest[start + 1..start + 1 + len];
+        out.push_str(before);
+        out.push(quote);
+        if before.ends_with("field ") {
+            out.push_str(inner);
+        } else {
+            out.push('…');
+        }
+        out.push(quote);
+        rest = &rest[start + 2 + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_errors_show_no_file_contents() {
+        let key = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgSECRETSECRET\n-----END PRIVATE KEY-----\n";
+        let err = Config::from_yaml(key).unwrap_err();
+        assert!(err.contains("line 1, column 1"), "{err}");
+        assert!(!err.contains("SECRET") && !err.contains("PRIVATE"), "{err}");
+        for (yaml, secret, kept) in [
+            (
+                "upstream:\n  identity: hunter2secret\n",
+                "hunter2secret",
+                "line 2",
+            ),
+            ("listen: [topsecret]\n", "topsecret", "line 1"),
+            ("maxConnections: topsecret\n", "topsecret", "line 1"),
+            ("topsecret: 1\n", "zzz-never", "field `topsecret`"),
+            ("listen: 'a\n", "zzz-never", "line 2"),
+        ] {
+            let err = Config::from_yaml(yaml).unwrap_err();
+            assert!(!err.contains(secret), "{yaml}: {err}");
+            assert!(err.contains(kept), "{yaml}: {err}");
+            assert_eq!(err.lines().count(), 1, "{yaml}: {err}");
+        }
+        assert_eq!(
+            redact_quoted(r#"unknown variant `x`, expected "y"; missing field `z` `q"#),
+            r#"unknown variant `…`, expected "…"; missing field `z` `q"#
+        );
+    }
 
     #[test]
     fn empty_is_default() {
@@ -933,6 +1056,43 @@ mod tests {
         };
         let err = c.validate().unwrap_err().to_string();
         assert!(err.starts_with("listen:"), "{err}");
+    }
+
+    #[test]
+    fn admin_port_stays_on_loopback() {
+        let check = |admin: &str, metrics: Option<&str>| {
+            let c = Config {
+                admin_listen: admin.into(),
+                metrics_listen: metrics.map(str::to_string),
+                ..Config::default()
+            };
+            // The first error after the addresses is the missing certificate.
+            let err = c.validate().unwrap_err().to_string();
+            (!err.starts_with("tls.certFile:")).then_some(err)
+        };
+        assert_eq!(check("127.0.0.1:9444", None), None);
+        assert_eq!(check("127.0.0.1:9444", Some("")), None);
+        assert_eq!(check("[::1]:9444", Some("0.0.0.0:9445")), None);
+        for addr in ["0.0.0.0:9444", "[::]:9444", "10.0.0.5:9444"] {
+            let err = check(addr, None).unwrap();
+            assert!(err.starts_with("adminListen:"), "{err}");
+            assert!(err.contains("metricsListen"), "{err}");
+        }
+        let err = check("127.0.0.1:9444", Some("nowhere")).unwrap();
+        assert!(err.starts_with("metricsListen:"), "{err}");
+        let err = check("127.0.0.1:9444", Some("127.0.0.1:9444")).unwrap();
+        assert!(err.starts_with("metricsListen:"), "{err}");
+        let mut c = Config::default();
+        c.apply(&Overrides {
+            metrics_listen: Some("0.0.0.0:9445".into()),
+            ..Overrides::default()
+        });
+        assert_eq!(c.metrics_listen.as_deref(), Some("0.0.0.0:9445"));
+        c.apply(&Overrides {
+            metrics_listen: Some(String::new()),
+            ..Overrides::default()
+        });
+        assert_eq!(c.metrics_listen, None);
     }
 
     #[test]

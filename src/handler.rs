@@ -16,7 +16,9 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::access::{Attributes, Decision, forbidden};
-use crate::auth::{Auth, AuthFailure, Credential, UserInfo};
+use crate::auth::{
+    Auth, AuthFailure, BearerHeader, ClientCertificate, Credential, EXTRA_SPACE_WARNING, UserInfo,
+};
 use crate::body::{self, Body};
 use crate::cache::Caches;
 use crate::cache::resource::ResourceCache;
@@ -33,11 +35,9 @@ use crate::upstream::{Credentials, Upstream};
 pub struct ConnInfo {
     /// The client's address.
     pub remote: SocketAddr,
-    /// The user of a verified client certificate, if one was presented.
-    pub cert_user: Option<UserInfo>,
-    /// A certificate was presented that does not authenticate anyone
-    /// (untrusted, expired, no CN): every request gets `401`.
-    pub cert_rejected: bool,
+    /// The client certificate presented, as the x509 authenticator judges
+    /// it.
+    pub cert: ClientCertificate,
 }
 
 /// Serves requests.
@@ -119,7 +119,11 @@ impl Handler {
             k8s.resource = %info.resource,
             k8s.namespace = %info.namespace,
         );
-        let (resp, source) = self.dispatch(req, &info, conn).instrument(span).await;
+        let extra_space = BearerHeader::of(req.headers()) == BearerHeader::ExtraSpace;
+        let (mut resp, source) = self.dispatch(req, &info, conn).instrument(span).await;
+        if extra_space {
+            warn_extra_space(&mut resp);
+        }
         self.observe(&info, &resp, source, start);
         resp
     }
@@ -130,11 +134,14 @@ impl Handler {
         info: &RequestInfo,
         conn: &ConnInfo,
     ) -> (Response<Body>, Source) {
-        let credential = Credential::of(conn.cert_user.as_ref(), req.headers());
-        if conn.cert_rejected || (credential == Credential::None && !self.auth.anonymous_enabled())
-        {
+        let credential = match Credential::of(&conn.cert, req.headers()) {
+            Ok(Credential::None) if !self.auth.anonymous_enabled() => None,
+            Ok(credential) => Some(credential),
+            Err(_) => None,
+        };
+        let Some(credential) = credential else {
             return (crate::auth::unauthorized().into_response(), Source::Proxy);
-        }
+        };
         // The user the request acts as, once known.
         let mut identity: Option<UserInfo> = None;
         let cache = self.cache_for(&req, info).filter(|cache| {
@@ -267,9 +274,15 @@ impl Handler {
                 (headers, Credentials::Proxy)
             }
             // Tokens and anonymous requests travel as they are; the
-            // apiserver authenticates and authorizes them itself.
-            Credential::Bearer(_) | Credential::None => {
+            // apiserver authenticates and authorizes them itself. Over
+            // HTTP/2 only a token known to be valid: the apiserver ends an
+            // HTTP/2 connection after an unauthenticated or anonymous
+            // request, and other clients' requests share it.
+            Credential::Bearer(token) if self.auth.tokens().known_authenticated(token).await => {
                 (req.headers().clone(), Credentials::Client)
+            }
+            Credential::Bearer(_) | Credential::None => {
+                (req.headers().clone(), Credentials::ClientHttp1)
             }
         };
         let gauge = self
@@ -387,6 +400,21 @@ impl Handler {
             .request_duration
             .with_label_values(&[verb, resource, source.as_str()])
             .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+/// Adds the apiserver's warning about an ignored `Authorization: Bearer  x`
+/// header, unless the response already carries it (the apiserver's own,
+/// when the header was passed through).
+fn warn_extra_space(resp: &mut Response<Body>) {
+    let warning = HeaderValue::from_static(EXTRA_SPACE_WARNING);
+    if !resp
+        .headers()
+        .get_all(header::WARNING)
+        .iter()
+        .any(|v| *v == warning)
+    {
+        resp.headers_mut().append(header::WARNING, warning);
     }
 }
 

@@ -16,15 +16,22 @@
 //! `metadata.name`), as the Node authorizer requires of a node's lists.
 //!
 //! The identity is decided at start from the credential alone (no request
-//! upstream), so a proxy starts while the apiserver is down.
+//! upstream), so a proxy starts while the apiserver is down. With a
+//! node-bound token, [`confirm_node_access`] then proves once that the
+//! apiserver allows the impersonation, and the proxy stops with a clear
+//! error where it does not (clusters before 1.35).
 
 use std::path::Path;
+use std::time::Duration;
 
 use base64::Engine;
-use http::HeaderValue;
+use http::{HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{CacheConfig, IdentityMode};
+use crate::upstream::{Credentials, Upstream};
 
 /// The user name of node `name`.
 pub fn node_user(name: &str) -> String {
@@ -170,6 +177,100 @@ impl Identity {
     }
 }
 
+/// How long [`confirm_node_access`] waits between attempts while the
+/// apiserver cannot answer, at most.
+const CONFIRM_MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Proves, once at start, that the apiserver lets the proxy act as node
+/// `name` by constrained impersonation: a `get` of the node's own Node
+/// object with `Impersonate-User: system:node:<name>` (the verbs
+/// `impersonate:associated-node` and `impersonate-on:associated-node:get`
+/// of `manifests/rbac.yaml`). `200` or `404` (the Node does not exist
+/// yet) prove it. `403` is definitive: the apiserver does not support
+/// constrained impersonation (before 1.35, or 1.35 without the
+/// `ConstrainedImpersonation` feature) or the RBAC is not applied; the
+/// proxy would be refused every cache fill and every kubelet request
+/// forever, so the caller stops it with this error. Anything else (the
+/// apiserver down, `401` while a token rotates, `5xx`) is retried, with a
+/// backoff up to 30 s, until an answer or `shutdown`.
+///
+/// # Errors
+/// The message for the operator, with the apiserver's version and answer.
+pub async fn confirm_node_access(
+    upstream: &Upstream,
+    name: &str,
+    shutdown: &CancellationToken,
+) -> Result<(), String> {
+    let user = node_user(name);
+    let path = format!("/api/v1/nodes/{name}");
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let answer = async {
+            let mut req = upstream
+                .own_request(Method::GET, &path, None)
+                .map_err(|e| e.to_string())?;
+            let value = HeaderValue::from_str(&user).map_err(|e| e.to_string())?;
+            req.headers_mut().insert("impersonate-user", value);
+            let resp = upstream
+                .send(req, Credentials::Proxy)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = resp.status();
+            let body = Limited::new(resp.into_body(), 64 * 1024)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            Ok::<_, String>((status, body))
+        }
+        .await;
+        let reason = match answer {
+            Ok((StatusCode::OK | StatusCode::NOT_FOUND, _)) => return Ok(()),
+            Ok((StatusCode::FORBIDDEN, body)) => {
+                let message = serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["message"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+                let version = apiserver_version(upstream).await;
+                return Err(format!(
+                    "kube-apiserver {version} does not let this proxy act as node {name:?} by \
+                     constrained impersonation: {message}. A service-account token bound to the \
+                     node needs kube-apiserver 1.35 or later with the ConstrainedImpersonation \
+                     feature (on by default from 1.36) and manifests/rbac.yaml applied; on older \
+                     clusters run the proxy with the node's own client certificate \
+                     (manifests/node/, docs/security.md)"
+                ));
+            }
+            Ok((status, _)) => format!("{status}"),
+            Err(e) => e,
+        };
+        tracing::warn!(node = %name, %reason, retry_in = ?backoff, "cannot yet confirm that the apiserver lets the proxy act as its node");
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(CONFIRM_MAX_BACKOFF);
+    }
+}
+
+/// The apiserver's `gitVersion` (`GET /version`, readable by anyone), for
+/// messages; `(version unknown)` when it cannot be read.
+async fn apiserver_version(upstream: &Upstream) -> String {
+    let read = async {
+        let req = upstream.own_request(Method::GET, "/version", None).ok()?;
+        let resp = upstream.send(req, Credentials::Proxy).await.ok()?;
+        let body = Limited::new(resp.into_body(), 64 * 1024)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        v["gitVersion"].as_str().map(str::to_string)
+    };
+    read.await
+        .unwrap_or_else(|| "(version unknown)".to_string())
+}
+
 /// The node of a `CN=system:node:<name>` client certificate.
 fn certificate_node(kube_config: &kube::Config) -> Option<String> {
     let info = &kube_config.auth_info;
@@ -254,6 +355,98 @@ mod tests {
             "namespace": "kube-system", "serviceaccount": {"name": "x", "uid": "u"}}}));
         assert_eq!(node_of_jwt(&unbound), None);
         assert_eq!(node_of_jwt("not-a-jwt"), None);
+    }
+
+    /// A kubeconfig-derived configuration holding a client certificate
+    /// for `cn`.
+    fn with_certificate(cn: &str) -> kube::Config {
+        let issued = crate::pki::Ca::new("identity-test")
+            .unwrap()
+            .issue_client(cn, Some("system:nodes"))
+            .unwrap();
+        let mut cfg = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        cfg.auth_info.client_certificate_data =
+            Some(base64::engine::general_purpose::STANDARD.encode(&issued.cert_pem));
+        cfg
+    }
+
+    fn with_token(token: &str) -> kube::Config {
+        let mut cfg = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        cfg.auth_info.token = Some(token.to_string().into());
+        cfg
+    }
+
+    fn bound_token(node: &str) -> String {
+        jwt(serde_json::json!({"kubernetes.io": {
+            "namespace": "kube-system",
+            "serviceaccount": {"name": "kube-cache-proxy", "uid": "u"},
+            "node": {"name": node, "uid": "n"}}}))
+    }
+
+    #[test]
+    fn detect_decides_from_the_credential() {
+        use IdentityMode::{AsGiven, Auto, Node};
+        let node = |name: &str, credential| Identity::Node {
+            name: name.into(),
+            credential,
+        };
+        let cert = with_certificate("system:node:n1");
+        assert_eq!(
+            Identity::detect(&cert, Auto, ""),
+            Ok(node("n1", NodeCredential::Certificate))
+        );
+        assert_eq!(
+            Identity::detect(&cert, Node, "n1"),
+            Ok(node("n1", NodeCredential::Certificate))
+        );
+        assert_eq!(Identity::detect(&cert, AsGiven, ""), Ok(Identity::AsGiven));
+        let token = with_token(&bound_token("n2"));
+        assert_eq!(
+            Identity::detect(&token, Node, ""),
+            Ok(node("n2", NodeCredential::AssociatedServiceAccount))
+        );
+        // The same from files, as kubelet's certificate and a projected
+        // token are given.
+        let dir = std::env::temp_dir().join(format!("kcp-identity-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(cert.auth_info.client_certificate_data.as_deref().unwrap())
+            .unwrap();
+        std::fs::write(dir.join("client.pem"), pem).unwrap();
+        std::fs::write(dir.join("token"), format!("{}\n", bound_token("n3"))).unwrap();
+        let mut files = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        files.auth_info.client_certificate = Some(dir.join("client.pem").display().to_string());
+        assert_eq!(
+            Identity::detect(&files, Auto, ""),
+            Ok(node("n1", NodeCredential::Certificate))
+        );
+        files.auth_info.client_certificate = None;
+        files.auth_info.token_file = Some(dir.join("token").display().to_string());
+        assert_eq!(
+            Identity::detect(&files, Auto, ""),
+            Ok(node("n3", NodeCredential::AssociatedServiceAccount))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // Anything else is as given under Auto, and an error under Node.
+        let unbound = jwt(serde_json::json!({"kubernetes.io": {
+            "namespace": "kube-system", "serviceaccount": {"name": "x", "uid": "u"}}}));
+        for other in [
+            with_certificate("admin"),
+            with_certificate("system:node:"),
+            with_token(&unbound),
+            with_token("opaque"),
+            kube::Config::new("https://127.0.0.1:1".parse().unwrap()),
+        ] {
+            assert_eq!(Identity::detect(&other, Auto, "n1"), Ok(Identity::AsGiven));
+            let err = Identity::detect(&other, Node, "n1").unwrap_err();
+            assert!(err.contains("upstream.identity is Node"), "{err}");
+            assert!(err.contains("CN=system:node:<name>"), "{err}");
+        }
+        // A node's credential for another node than nodeName.
+        let err = Identity::detect(&cert, Auto, "n9").unwrap_err();
+        assert!(err.contains("\"n1\"") && err.contains("\"n9\""), "{err}");
+        assert!(Identity::detect(&token, Node, "n9").is_err());
     }
 
     #[test]

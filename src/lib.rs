@@ -18,6 +18,7 @@ pub mod demo;
 pub mod handler;
 pub mod identity;
 pub mod metrics;
+pub mod metrics_listener;
 pub mod proxy;
 pub mod ready;
 pub mod serve;
@@ -32,7 +33,6 @@ pub use apimachinery::{body, go, kubeconfig, pki, request, resource, selector, s
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -77,14 +77,16 @@ pub enum RunError {
     Takeover(std::io::Error),
 }
 
-/// The two listeners, and the running proxy they were taken over from, if
+/// The listeners, and the running proxy they were taken over from, if
 /// any.
 #[derive(Debug)]
 pub struct Listeners {
     /// Client (HTTPS) traffic.
     pub api: TcpListener,
-    /// Admin (plain HTTP) traffic.
+    /// Admin (plain HTTP, loopback) traffic.
     pub admin: TcpListener,
+    /// Metrics (HTTPS, authenticated), when `metricsListen` is set.
+    pub metrics: Option<TcpListener>,
     /// The proxy these listeners were received from: it drains once this
     /// one is ready.
     pub predecessor: Option<takeover::Predecessor>,
@@ -97,7 +99,8 @@ const BIND_RETRY: Duration = Duration::from_secs(60);
 // === impl Listeners ===
 
 impl Listeners {
-    /// Binds `listen` and `adminListen` from a validated config.
+    /// Binds `listen`, `adminListen` and `metricsListen` from a validated
+    /// config.
     ///
     /// # Errors
     /// [`RunError::Bind`] or [`RunError::Config`].
@@ -116,52 +119,99 @@ impl Listeners {
                 addr: admin_addr,
                 source,
             })?;
+        let metrics = match config.metrics_listen_addr()? {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| RunError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         Ok(Listeners {
             api,
             admin,
+            metrics,
             predecessor: None,
         })
     }
 
+    /// The names of the listeners `config` asks for, in handover order.
+    fn names(config: &Config) -> Vec<&'static str> {
+        let mut names = vec!["api", "admin"];
+        if config.metrics_listen.is_some() {
+            names.push("metrics");
+        }
+        names
+    }
+
     /// The listeners the binary serves on, in order of preference: taken
     /// over from a running proxy (`takeover.socketPath`); passed by
-    /// systemd socket activation (`LISTEN_FDS`: the API socket, then the
-    /// admin one); or bound, retrying for up to a minute while another
-    /// process (a predecessor that cannot hand over) holds the address.
+    /// systemd socket activation (`LISTEN_FDS`: the API socket, the admin
+    /// one, then the metrics one if `metricsListen` is set); or bound,
+    /// retrying for up to a minute while another process (a predecessor
+    /// that cannot hand over) holds an address.
     ///
     /// # Errors
     /// [`RunError::Bind`], [`RunError::Config`], or [`RunError::Takeover`]
     /// when a running proxy answered but the handover failed.
     pub async fn acquire(config: &Config) -> Result<Listeners, RunError> {
+        let names = Listeners::names(config);
+        let missing =
+            |name: &str| RunError::Takeover(std::io::Error::other(format!("no {name} listener")));
+        let tokio_listener =
+            |l: std::net::TcpListener| TcpListener::from_std(l).map_err(RunError::Takeover);
         if let Some(path) = &config.takeover.socket_path
-            && let Some(received) = takeover::Predecessor::connect(path)
+            && let Some(mut received) = takeover::Predecessor::connect(path, &names)
                 .await
                 .map_err(RunError::Takeover)?
         {
             tracing::info!(socket = %path.display(), "took the listeners over from the running proxy");
+            let api = tokio_listener(received.take("api").ok_or_else(|| missing("api"))?)?;
+            let admin = tokio_listener(received.take("admin").ok_or_else(|| missing("admin"))?)?;
+            let metrics = received.take("metrics").map(tokio_listener).transpose()?;
             return Ok(Listeners {
-                api: TcpListener::from_std(received.api).map_err(RunError::Takeover)?,
-                admin: TcpListener::from_std(received.admin).map_err(RunError::Takeover)?,
+                api,
+                admin,
+                metrics,
                 predecessor: Some(received.predecessor),
             });
         }
         let mut fds = listenfd::ListenFd::from_env();
-        if fds.len() >= 2 {
-            let mut activated = |i| match fds.take_tcp_listener(i) {
-                Ok(Some(l)) => l
-                    .set_nonblocking(true)
-                    .and_then(|()| TcpListener::from_std(l)),
-                Ok(None) => Err(std::io::Error::other(format!(
-                    "socket-activated descriptor {i} is not a TCP listener"
-                ))),
-                Err(e) => Err(e),
+        if fds.len() > 0 {
+            if fds.len() != names.len() {
+                return Err(RunError::Takeover(std::io::Error::other(format!(
+                    "systemd passed {} sockets (LISTEN_FDS), the configuration needs {} ({})",
+                    fds.len(),
+                    names.len(),
+                    names.join(", ")
+                ))));
+            }
+            let mut activated = Vec::new();
+            for i in 0..names.len() {
+                let l = match fds.take_tcp_listener(i) {
+                    Ok(Some(l)) => l,
+                    Ok(None) => {
+                        return Err(RunError::Takeover(std::io::Error::other(format!(
+                            "socket-activated descriptor {i} is not a TCP listener"
+                        ))));
+                    }
+                    Err(e) => return Err(RunError::Takeover(e)),
+                };
+                l.set_nonblocking(true).map_err(RunError::Takeover)?;
+                activated.push(tokio_listener(l)?);
+            }
+            tracing::info!(
+                sockets = names.join(", "),
+                "serving on the sockets systemd passed (LISTEN_FDS)"
+            );
+            let mut activated = activated.into_iter();
+            let (Some(api), Some(admin)) = (activated.next(), activated.next()) else {
+                return Err(missing("api"));
             };
-            let api = activated(0).map_err(RunError::Takeover)?;
-            let admin = activated(1).map_err(RunError::Takeover)?;
-            tracing::info!("serving on the sockets systemd passed (LISTEN_FDS)");
             return Ok(Listeners {
                 api,
                 admin,
+                metrics: activated.next(),
                 predecessor: None,
             });
         }
@@ -190,7 +240,10 @@ const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 ///
 /// # Errors
 /// [`RunError`] when TLS material, the upstream configuration or metrics
-/// cannot be set up. Once serving, it only returns after shutdown.
+/// cannot be set up. Once serving, it returns after shutdown, or with
+/// [`RunError::Config`] for `upstream.identity` when the apiserver refuses
+/// to let a node-bound token act as its node
+/// ([`identity::confirm_node_access`]).
 pub async fn run(
     listeners: Listeners,
     config: Config,
@@ -227,6 +280,37 @@ pub async fn run(
 
     let token = CancellationToken::new();
     let admin_token = CancellationToken::new();
+    // As a node by constrained impersonation: proven once, or the proxy
+    // stops (it would be refused everything, forever).
+    let (identity_refused, refused) = tokio::sync::oneshot::channel::<String>();
+    // Fused: polled in two selects, it must not be polled after it ended.
+    let mut refused = futures_util::FutureExt::fuse(refused);
+    if let Identity::Node {
+        name,
+        credential: identity::NodeCredential::AssociatedServiceAccount,
+    } = &identity
+    {
+        const CHECK: &str = "upstream-identity";
+        readiness.register(
+            CHECK,
+            &format!("not yet confirmed that the apiserver lets the proxy act as node {name:?}"),
+        );
+        let (upstream, name, readiness, token) = (
+            upstream.clone(),
+            name.clone(),
+            readiness.clone(),
+            token.clone(),
+        );
+        tokio::spawn(async move {
+            match identity::confirm_node_access(&upstream, &name, &token).await {
+                Ok(()) => readiness.set(CHECK, Ok(())),
+                Err(message) => {
+                    readiness.set(CHECK, Err(message.clone()));
+                    let _ = identity_refused.send(message);
+                }
+            }
+        });
+    }
     tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     upstream.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     let admin = Admin {
@@ -256,6 +340,47 @@ pub async fn run(
         ))
     });
     let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
+    let Listeners {
+        api,
+        admin: admin_listener,
+        metrics: metrics_listener,
+        predecessor,
+    } = listeners;
+    // Copies of the listening sockets, for a successor.
+    let offer = match &config.takeover.socket_path {
+        Some(_) => {
+            let mut offer = takeover::Offer::default();
+            offer.add("api", &api).map_err(RunError::Takeover)?;
+            offer
+                .add("admin", &admin_listener)
+                .map_err(RunError::Takeover)?;
+            if let Some(l) = &metrics_listener {
+                offer.add("metrics", l).map_err(RunError::Takeover)?;
+            }
+            Some(offer)
+        }
+        None => None,
+    };
+    let metrics_server = match metrics_listener {
+        Some(listener) => {
+            let metrics_listener = metrics_listener::MetricsListener {
+                admin: Admin {
+                    metrics: metrics.clone(),
+                    readiness: readiness.clone(),
+                    tls: Some(tls.clone()),
+                },
+                tls: tls.clone(),
+                auth: auth::Auth::new(
+                    &upstream,
+                    &config.authentication,
+                    &config.authorization,
+                    auth_metrics.clone(),
+                ),
+            };
+            Some((metrics_listener, listener))
+        }
+        None => None,
+    };
     let auth = auth::Auth::new(
         &upstream,
         &config.authentication,
@@ -270,25 +395,6 @@ pub async fn run(
         auth,
         token.clone(),
     ));
-    let Listeners {
-        api,
-        admin: admin_listener,
-        predecessor,
-    } = listeners;
-    // Copies of the listening sockets, for a successor.
-    let offer = match &config.takeover.socket_path {
-        Some(_) => Some(takeover::Offer {
-            api: api
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(RunError::Takeover)?,
-            admin: admin_listener
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(RunError::Takeover)?,
-        }),
-        None => None,
-    };
     let ready_timeout = Duration::from_secs(config.takeover.ready_timeout_seconds);
     let mut shutdown = std::pin::pin!(shutdown);
 
@@ -300,6 +406,13 @@ pub async fn run(
                 tracing::info!("stopped before taking over; the running proxy carries on");
                 token.cancel();
                 return Ok(());
+            }
+            Ok(message) = &mut refused => {
+                token.cancel();
+                return Err(RunError::Config(config::ConfigError::Invalid {
+                    field: "upstream.identity".into(),
+                    message,
+                }));
             }
             ready = wait_ready(&readiness, ready_timeout) => ready,
         };
@@ -330,6 +443,12 @@ pub async fn run(
         tokio::spawn(p.run(interval, token.clone()))
     });
     let admin_task = tokio::spawn(admin.serve(admin_listener, admin_token.clone()));
+    if let Some((server, listener)) = metrics_server {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "serving metrics (HTTPS, authenticated)");
+        }
+        tokio::spawn(server.serve(listener, admin_token.clone()));
+    }
     let handed_over = Arc::new(AtomicBool::new(false));
     let options = ServeOptions {
         max_connections: config.max_connections,
@@ -369,6 +488,7 @@ pub async fn run(
             None => std::future::pending().await,
         }
     });
+    let mut failure = None;
     let (successor, stop_requested) = tokio::select! {
         _ = &mut shutdown => {
             // A successor in the middle of taking over gets to finish.
@@ -379,6 +499,11 @@ pub async fn run(
                 None
             };
             (successor, true)
+        }
+        Ok(message) = &mut refused => {
+            tracing::error!(error = %message, "stopping: the proxy cannot act as its node");
+            failure = Some(message);
+            (None, true)
         }
         successor = &mut takeover => (Some(successor), false),
     };
@@ -413,7 +538,13 @@ pub async fn run(
         shutdown.await;
     }
     tracing::info!("stopped");
-    Ok(())
+    match failure {
+        Some(message) => Err(RunError::Config(config::ConfigError::Invalid {
+            field: "upstream.identity".into(),
+            message,
+        })),
+        None => Ok(()),
+    }
 }
 
 /// Waits until every readiness check passes, for at most `timeout`.

@@ -20,7 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::auth::UserInfo;
+use crate::auth::{ClientCertificate, UserInfo};
 use crate::handler::{ConnInfo, Handler};
 use crate::metrics::Metrics;
 use crate::tls::ServerTls;
@@ -113,24 +113,8 @@ pub async fn serve(
                         return;
                     }
                 };
-                // Like the apiserver's x509 authenticator: a certificate that
-                // does not chain to the client CA (or has no CN) fails
-                // authentication, which is a 401, not a handshake error.
-                let (cert_user, cert_rejected) = match tls.get_ref().1.peer_certificates() {
-                    None | Some([]) => (None, false),
-                    Some(chain) if server_tls.verify_client(chain) => {
-                        match UserInfo::from_certificate(&chain[0]) {
-                            Some(user) => (Some(user.with_authenticated_group()), false),
-                            None => (None, true),
-                        }
-                    }
-                    Some(_) => (None, true),
-                };
-                let conn = Arc::new(ConnInfo {
-                    remote,
-                    cert_user,
-                    cert_rejected,
-                });
+                let cert = client_certificate(&server_tls, tls.get_ref().1.peer_certificates());
+                let conn = Arc::new(ConnInfo { remote, cert });
                 metrics.connections.inc();
                 let svc = service_fn(move |req| {
                     let handler = handler.clone();
@@ -184,4 +168,24 @@ pub async fn serve(
     }
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
+}
+
+/// The connection's client certificate, judged as the apiserver's x509
+/// authenticator does: verified against the client CA (now, for client
+/// authentication), the user its CN, groups its O. A failure is not a
+/// handshake error: the request may still authenticate with a token.
+pub(crate) fn client_certificate(
+    server_tls: &ServerTls,
+    chain: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+) -> ClientCertificate {
+    match chain {
+        None | Some([]) => ClientCertificate::None,
+        Some(chain) if server_tls.verify_client(chain) => {
+            match UserInfo::from_certificate(&chain[0]) {
+                Some(user) => ClientCertificate::Verified(user.with_authenticated_group()),
+                None => ClientCertificate::NoUser,
+            }
+        }
+        Some(_) => ClientCertificate::Rejected,
+    }
 }

@@ -11,8 +11,10 @@
 //! 1. the successor connects and sends `{"hello":1}`;
 //! 2. the running proxy writes fresh cache snapshots (the successor
 //!    resumes from them instead of listing), stops writing more, and sends
-//!    its API and admin listening sockets (`SCM_RIGHTS`) with
-//!    `{"listeners":["api","admin"]}`;
+//!    its listening sockets (`SCM_RIGHTS`) with their names,
+//!    `{"listeners":["api","admin","metrics"]}` (`metrics` when
+//!    `metricsListen` is set); a successor configured otherwise refuses
+//!    them;
 //! 3. the successor fills its caches and resumes its upstream watches;
 //!    once ready it sends `{"ready":true}` and starts accepting;
 //! 4. the running proxy stops accepting, ends every watch with a clean end
@@ -89,21 +91,33 @@ pub struct Predecessor {
     stream: UnixStream,
 }
 
-/// The listening sockets received from a predecessor.
+/// The most listening sockets handed over.
+const MAX_LISTENERS: usize = 3;
+
+/// The listening sockets received from a predecessor, by name.
 #[derive(Debug)]
 pub struct Received {
     pub predecessor: Predecessor,
-    pub api: StdTcpListener,
-    pub admin: StdTcpListener,
+    pub listeners: Vec<(String, StdTcpListener)>,
+}
+
+impl Received {
+    /// Takes the listener named `name`.
+    pub fn take(&mut self, name: &str) -> Option<StdTcpListener> {
+        let i = self.listeners.iter().position(|(n, _)| n == name)?;
+        Some(self.listeners.remove(i).1)
+    }
 }
 
 impl Predecessor {
-    /// Asks the proxy listening on `path` for its sockets. `None` when
-    /// nothing listens there (no proxy runs, or it predates takeover).
+    /// Asks the proxy listening on `path` for its sockets, which must be
+    /// exactly those named `expected`. `None` when nothing listens there
+    /// (no proxy runs, or it predates takeover).
     ///
     /// # Errors
-    /// When a proxy answered but the handshake failed.
-    pub async fn connect(path: &Path) -> io::Result<Option<Received>> {
+    /// When a proxy answered but the handshake failed, or it offers other
+    /// listeners (its configuration differs).
+    pub async fn connect(path: &Path, expected: &[&str]) -> io::Result<Option<Received>> {
         let mut stream = match UnixStream::connect(path).await {
             Ok(s) => s,
             Err(e)
@@ -126,28 +140,33 @@ impl Predecessor {
         .await?;
         // The predecessor writes its snapshots first; allow for a large
         // cache.
-        let (mut fds, payload) = tokio::time::timeout(STEP_TIMEOUT * 6, receive_fds(&stream))
+        let (fds, payload) = tokio::time::timeout(STEP_TIMEOUT * 6, receive_fds(&stream))
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
         let m: Message = serde_json::from_slice(payload.trim_ascii_end())
             .map_err(|e| protocol(format!("takeover message: {e}")))?;
-        if m.listeners.as_deref() != Some(&["api".to_string(), "admin".to_string()][..])
-            || fds.len() != 2
+        let names = m.listeners.unwrap_or_default();
+        if names
+            .iter()
+            .map(String::as_str)
+            .ne(expected.iter().copied())
+            || fds.len() != names.len()
         {
             return Err(protocol(format!(
-                "expected the api and admin listeners, got {:?} and {} descriptors",
-                m.listeners,
+                "the running proxy offers listeners {names:?} ({} descriptors), this one is \
+                 configured for {expected:?}",
                 fds.len()
             )));
         }
-        let admin = StdTcpListener::from(fds.remove(1));
-        let api = StdTcpListener::from(fds.remove(0));
-        api.set_nonblocking(true)?;
-        admin.set_nonblocking(true)?;
+        let mut listeners = Vec::with_capacity(names.len());
+        for (name, fd) in names.into_iter().zip(fds) {
+            let l = StdTcpListener::from(fd);
+            l.set_nonblocking(true)?;
+            listeners.push((name, l));
+        }
         Ok(Some(Received {
             predecessor: Predecessor { stream },
-            api,
-            admin,
+            listeners,
         }))
     }
 
@@ -180,7 +199,8 @@ async fn receive_fds(stream: &UnixStream) -> io::Result<(Vec<OwnedFd>, Vec<u8>)>
     loop {
         stream.readable().await?;
         let result = stream.try_io(tokio::io::Interest::READABLE, || {
-            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut space =
+                [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_LISTENERS))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
             let mut buf = [0u8; 1024];
             let msg = rustix::net::recvmsg(
@@ -215,7 +235,8 @@ async fn send_fds(stream: &UnixStream, fds: &[&OwnedFd], payload: &[u8]) -> io::
     loop {
         stream.writable().await?;
         let result = stream.try_io(tokio::io::Interest::WRITABLE, || {
-            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut space =
+                [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_LISTENERS))];
             let mut control = SendAncillaryBuffer::new(&mut space);
             if !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
                 return Err(io::Error::other("control buffer too small"));
@@ -237,11 +258,22 @@ async fn send_fds(stream: &UnixStream, fds: &[&OwnedFd], payload: &[u8]) -> io::
     }
 }
 
-/// Copies of this process's listening sockets, to hand over.
-#[derive(Debug)]
+/// Copies of this process's listening sockets, to hand over, by name.
+#[derive(Debug, Default)]
 pub struct Offer {
-    pub api: OwnedFd,
-    pub admin: OwnedFd,
+    pub listeners: Vec<(String, OwnedFd)>,
+}
+
+impl Offer {
+    /// Adds a copy of `listener`'s socket as `name`.
+    ///
+    /// # Errors
+    /// When the descriptor cannot be duplicated.
+    pub fn add(&mut self, name: &str, listener: &impl AsFd) -> io::Result<()> {
+        self.listeners
+            .push((name.to_string(), listener.as_fd().try_clone_to_owned()?));
+        Ok(())
+    }
 }
 
 /// What the running proxy does around a handover.
@@ -340,12 +372,13 @@ impl Server {
         );
         handover.prepare().await;
         let mut payload = serde_json::to_vec(&Message {
-            listeners: Some(vec!["api".into(), "admin".into()]),
+            listeners: Some(offer.listeners.iter().map(|(n, _)| n.clone()).collect()),
             ..Message::default()
         })
         .map_err(io::Error::other)?;
         payload.push(b'\n');
-        send_fds(stream, &[&offer.api, &offer.admin], &payload).await?;
+        let fds: Vec<&OwnedFd> = offer.listeners.iter().map(|(_, fd)| fd).collect();
+        send_fds(stream, &fds, &payload).await?;
         let ready = {
             let mut reader = BufReader::new(&mut *stream);
             read_line(&mut reader, ready_timeout).await?
@@ -416,14 +449,15 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kcp-takeover-{}", uuid::Uuid::new_v4()));
         let path = dir.join("takeover.sock");
         // Nobody there yet.
-        assert!(Predecessor::connect(&path).await.unwrap().is_none());
+        const NAMES: &[&str] = &["api", "admin"];
+        assert!(Predecessor::connect(&path, NAMES).await.unwrap().is_none());
         let api = StdTcpListener::bind("127.0.0.1:0").unwrap();
         let admin = StdTcpListener::bind("127.0.0.1:0").unwrap();
         let (api_addr, admin_addr) = (api.local_addr().unwrap(), admin.local_addr().unwrap());
-        let offer = Offer {
-            api: OwnedFd::from(api),
-            admin: OwnedFd::from(admin),
-        };
+        let mut offer = Offer::default();
+        offer.add("api", &api).unwrap();
+        offer.add("admin", &admin).unwrap();
+        drop((api, admin));
         let server = Server::bind(&path).unwrap();
         {
             use std::os::unix::fs::PermissionsExt;
@@ -440,20 +474,30 @@ mod tests {
                 successor.confirm().await;
             })
         };
-        // A successor that takes the sockets and then dies: aborted.
-        let first = Predecessor::connect(&path).await.unwrap().unwrap();
-        assert_eq!(first.api.local_addr().unwrap(), api_addr);
+        // A successor configured otherwise refuses the sockets; one that
+        // takes them and then dies: both aborted.
+        assert!(
+            Predecessor::connect(&path, &["api", "admin", "metrics"])
+                .await
+                .is_err()
+        );
+        let mut first = Predecessor::connect(&path, NAMES).await.unwrap().unwrap();
+        assert_eq!(first.take("api").unwrap().local_addr().unwrap(), api_addr);
         drop(first);
         // One that finishes: the same sockets, and the drain confirmed.
-        let second = Predecessor::connect(&path).await.unwrap().unwrap();
-        assert_eq!(second.api.local_addr().unwrap(), api_addr);
-        assert_eq!(second.admin.local_addr().unwrap(), admin_addr);
+        let mut second = Predecessor::connect(&path, NAMES).await.unwrap().unwrap();
+        let api = second.take("api").unwrap();
+        assert_eq!(api.local_addr().unwrap(), api_addr);
+        assert_eq!(
+            second.take("admin").unwrap().local_addr().unwrap(),
+            admin_addr
+        );
         second.predecessor.take_over().await.unwrap();
         serving.await.unwrap();
-        assert_eq!(counts.prepared.load(Ordering::SeqCst), 2);
-        assert_eq!(counts.aborted.load(Ordering::SeqCst), 1);
+        assert_eq!(counts.prepared.load(Ordering::SeqCst), 3);
+        assert_eq!(counts.aborted.load(Ordering::SeqCst), 2);
         // The received socket accepts connections made to the address.
-        let listener = tokio::net::TcpListener::from_std(second.api).unwrap();
+        let listener = tokio::net::TcpListener::from_std(api).unwrap();
         let connect = tokio::net::TcpStream::connect(api_addr);
         let (accepted, connected) = tokio::join!(listener.accept(), connect);
         accepted.unwrap();

@@ -18,7 +18,15 @@
 //!   certificate, its `Authorization` header). Used for the reflectors,
 //!   TokenReview/SubjectAccessReview, and impersonated pass-through.
 //! - [`Credentials::Client`]: no proxy credential at all; the request keeps
-//!   the client's own `Authorization` header, or none (anonymous).
+//!   the client's own `Authorization` header, a token the proxy knows to be
+//!   valid.
+//! - [`Credentials::ClientHttp1`]: the same, over HTTP/1.1 only: for
+//!   requests the apiserver may not authenticate (no credential, or a
+//!   token not known to be valid). kube-apiserver ends an HTTP/2
+//!   connection after a request it did not authenticate or took as
+//!   anonymous (its `UnauthenticatedHTTP2DOSMitigation`, GOAWAY then
+//!   close), which would fail the other clients' requests multiplexed on
+//!   the proxy's connection; over HTTP/1.1 it affects that request only.
 //!
 //! HTTP upgrades (exec, attach, port-forward) use a dedicated HTTP/1.1
 //! connection per request, since HTTP/2 has no `Upgrade`.
@@ -40,6 +48,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::client::ConfigExt;
+use kube::config::KubeconfigError;
 use parking_lot::{Mutex, RwLock};
 use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
@@ -50,7 +59,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
 use crate::body::{Body, BoxError};
-use crate::config::UpstreamConfig;
+use crate::config::{UpstreamConfig, yaml_error};
 use crate::status::Status;
 use crate::tls::{Stamp, stamp};
 
@@ -61,6 +70,10 @@ pub enum Credentials {
     Proxy,
     /// None of the proxy's; the client's own headers are kept.
     Client,
+    /// As `Client`, on HTTP/1.1 connections of their own: for requests the
+    /// apiserver may answer as unauthenticated or anonymous (see the module
+    /// documentation).
+    ClientHttp1,
 }
 
 /// An error reaching the apiserver. Every variant is upstream-side.
@@ -126,6 +139,7 @@ pub struct Upstream {
     /// that certificate is re-read from its files.
     proxy: Arc<RwLock<Transport>>,
     client: Transport,
+    client_http1: Transport,
     auth: Option<AuthService>,
     /// The proxy's client certificate and key files, when the kubeconfig
     /// names files rather than embedding the data.
@@ -254,12 +268,27 @@ impl Upstream {
             &server_name,
             connect_timeout,
             idle_timeout,
+            true,
         );
-        let client = Transport::new(client_tls, &server_name, connect_timeout, idle_timeout);
+        let client = Transport::new(
+            client_tls.clone(),
+            &server_name,
+            connect_timeout,
+            idle_timeout,
+            true,
+        );
+        let client_http1 = Transport::new(
+            client_tls,
+            &server_name,
+            connect_timeout,
+            idle_timeout,
+            false,
+        );
         Ok(Upstream {
             base,
             proxy: Arc::new(RwLock::new(proxy)),
             client,
+            client_http1,
             auth,
             client_cert_files,
             proxy_tls: Arc::new(proxy_tls),
@@ -302,6 +331,7 @@ impl Upstream {
             &self.server_name,
             self.connect_timeout,
             self.idle_timeout,
+            true,
         );
         *self.proxy.write() = transport;
         *seen = stamps;
@@ -331,6 +361,7 @@ impl Upstream {
         match credentials {
             Credentials::Proxy => self.proxy.read().clone(),
             Credentials::Client => self.client.clone(),
+            Credentials::ClientHttp1 => self.client_http1.clone(),
         }
     }
 
@@ -507,6 +538,7 @@ impl Transport {
         server_name: &ServerName<'static>,
         connect_timeout: Duration,
         idle_timeout: Duration,
+        http2: bool,
     ) -> Transport {
         let mut tls_h1 = tls.clone();
         tls_h1.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -519,15 +551,18 @@ impl Transport {
         http.set_keepalive(Some(KEEPALIVE));
         http.set_keepalive_interval(Some(KEEPALIVE));
         http.set_keepalive_retries(Some(2));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
                 server_name.clone(),
             ))
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+            .enable_http1();
+        let https = if http2 {
+            builder.enable_http2().wrap_connector(http)
+        } else {
+            builder.wrap_connector(http)
+        };
         // The connect timeout above covers TCP only; this one also bounds
         // the TLS handshake.
         let connector = TimeoutConnector {
@@ -603,17 +638,31 @@ pub async fn load_kube_config(
     };
     match path {
         Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| UpstreamError::Config(format!("{}: {e}", path.display())))?;
+            let failed = |e: &KubeconfigError| {
+                UpstreamError::Config(format!("{}: {}", path.display(), kubeconfig_error(e)))
+            };
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| failed(&e))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
-                .map_err(|e| UpstreamError::Config(format!("{}: {e}", path.display())))
+                .map_err(|e| failed(&e))
         }
         None => kube::Config::incluster().map_err(|e| {
             UpstreamError::Config(format!(
                 "no upstream kubeconfig given and the in-cluster configuration is unavailable: {e}"
             ))
         }),
+    }
+}
+
+/// A kubeconfig error without the file's contents: a YAML error is the
+/// parser's message and location only (a key file given by mistake, or a
+/// kubeconfig holding a token, must not be echoed; [`yaml_error`]).
+fn kubeconfig_error(e: &KubeconfigError) -> String {
+    match e {
+        KubeconfigError::Parse(yaml) => {
+            format!("failed to parse kubeconfig YAML: {}", yaml_error(yaml))
+        }
+        other => error_chain(other),
     }
 }
 

@@ -39,6 +39,7 @@ fn help_documents_every_flag() {
         "--config",
         "--listen",
         "--admin-listen",
+        "--metrics-listen",
         "--upstream-kubeconfig",
         "--upstream-context",
         "--tls-cert-file",
@@ -70,6 +71,7 @@ fn a_bad_configuration_exits_64_naming_the_field() {
             "historyCapacty",
         ),
         ("listen: nowhere\n", &[], "listen"),
+        ("adminListen: 0.0.0.0:9444\n", &[], "not a loopback address"),
         ("", &[], "tls.certFile"),
         (
             "cache:\n  resources:\n  - {version: v1, resource: widgets, group: example.com}\n",
@@ -102,6 +104,80 @@ fn a_bad_configuration_exits_64_naming_the_field() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A private key, or a kubeconfig holding a token, given where a YAML
+/// configuration is expected: the error names the file and the position,
+/// and shows none of its lines.
+#[test]
+fn configuration_errors_never_print_the_file() {
+    let dir = support::env::tempdir();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let key_pem = rcgen::KeyPair::generate().unwrap().serialize_pem();
+    let key = write("client.key", &key_pem);
+    let serving = Ca::new("binary-test")
+        .unwrap()
+        .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
+        .unwrap();
+    let (cert, tls_key) = (
+        write("tls.crt", &serving.cert_pem),
+        write("tls.key", &serving.key_pem),
+    );
+    let token = "kcp-secret-token-0123456789abcdef";
+    let bad_kubeconfig = write(
+        "bad.kubeconfig",
+        &format!(
+            "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    token: {token}\n    \
+             client-key-data: [{token}]\n"
+        ),
+    );
+    let run = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(BIN)
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .arg("--tls-cert-file")
+            .arg(&cert)
+            .arg("--tls-private-key-file")
+            .arg(&tls_key)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let cases: [(&[&std::ffi::OsStr], &str, Option<i32>); 3] = [
+        (
+            &["--config".as_ref(), key.as_os_str()],
+            "line 1, column 1",
+            Some(64),
+        ),
+        (
+            &["--upstream-kubeconfig".as_ref(), key.as_os_str()],
+            "line 1, column 1",
+            Some(1),
+        ),
+        (
+            &["--upstream-kubeconfig".as_ref(), bad_kubeconfig.as_os_str()],
+            "line 7",
+            Some(1),
+        ),
+    ];
+    for (args, position, code) in cases {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), code, "{args:?}: {stderr}");
+        assert!(stderr.contains(position), "{args:?}: {stderr}");
+        let file = args[1].to_string_lossy();
+        assert!(stderr.contains(file.as_ref()), "{args:?}: {stderr}");
+        for line in key_pem.lines().chain([token]) {
+            assert!(
+                !stderr.contains(line),
+                "{args:?} printed {line:?}: {stderr}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Runs the binary with `config` and overrides for what only exists on a
 /// node (addresses, files), reaches it, then stops it with SIGTERM.
 async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
@@ -129,6 +205,7 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .arg(config)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .arg("--tls-cert-file")
         .arg(&cert)
         .arg("--tls-private-key-file")
@@ -207,9 +284,11 @@ async fn runs_with_the_shipped_example_configuration() {
 
 #[tokio::test]
 async fn runs_with_the_daemonset_configuration() {
-    // The simulated apiserver's credential is no node's; acting as a node
-    // (upstream.identity Node) is proven against the real apiserver by
-    // tests/real_least_privilege.rs.
+    // The simulated apiserver's credential is no node's, so this run
+    // overrides the shipped upstream.identity (Node). The shipped mode
+    // itself, the same file with a node-bound token, runs against a real
+    // kube-apiserver in tests/real_least_privilege.rs
+    // (the_binary_runs_with_the_daemonset_configuration_as_its_node).
     run_with_shipped_config(
         &root().join("manifests/kube-cache-proxy.yaml"),
         &["--node-name", "node-1", "--upstream-identity", "AsGiven"],

@@ -809,3 +809,105 @@ async fn revocations_reach_cached_reads_within_seconds() {
     let binding = start.elapsed();
     println!("revocation through the proxy: RoleBinding {binding:?}, ServiceAccount {account:?}");
 }
+
+/// Writes under constrained impersonation by a certificate user (the proxy
+/// carries them on its own credentials): allowed, refused for want of
+/// `impersonate-on:<mode>:<verb>`, and refused as the impersonated user,
+/// each as the apiserver answers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonated_writes_are_decided_as_the_apiserver_decides() {
+    let Some(env) = env().await else { return };
+    let ns = env.namespace("diff-imp-write").await;
+    let other = env.namespace("diff-imp-write-other").await;
+    let user =
+        |n: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": n});
+    env.create(
+        &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles"),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "cm-writer"},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "update", "patch", "delete"]}]}),
+    )
+    .await;
+    env.create(
+        &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "cm-writer"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-writer"},
+               "subjects": [user("impw-alice")]}),
+    )
+    .await;
+    env.grant(
+        "diff-imp-write:user-info",
+        user("impw-userinfo"),
+        json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["users"], "verbs": ["impersonate:user-info"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["impersonate-on:user-info:create", "impersonate-on:user-info:patch"]}
+        ]),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let auth = env.cert("impw-userinfo", None);
+    let (direct, proxy) = (env.direct(auth.clone()), env.proxy(auth));
+    let as_alice = ("impersonate-user", "impw-alice");
+    let json_ct = ("content-type", "application/json");
+    let cm = |name: &str| {
+        Some(
+            serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                       "metadata": {"name": name}, "data": {"k": "v"}}))
+            .unwrap(),
+        )
+    };
+    let merge = ("content-type", "application/merge-patch+json");
+    let patch = || Some(br#"{"data":{"k":"w"}}"#.to_vec());
+    let mut table = Vec::new();
+    for (what, via, name) in [("apiserver", &direct, "d"), ("proxy", &proxy, "p")] {
+        let cms = format!("/api/v1/namespaces/{ns}/configmaps");
+        let answers = [
+            // Allowed: impersonate-on:user-info:create, and alice may.
+            via.send(Method::POST, &cms, &[as_alice, json_ct], cm(name))
+                .await,
+            via.send(
+                Method::PATCH,
+                &format!("{cms}/{name}"),
+                &[as_alice, merge],
+                patch(),
+            )
+            .await,
+            // No impersonate-on:user-info:delete.
+            via.send(Method::DELETE, &format!("{cms}/{name}"), &[as_alice], None)
+                .await,
+            // Alice may not write there.
+            via.send(
+                Method::POST,
+                &format!("/api/v1/namespaces/{other}/configmaps"),
+                &[as_alice, json_ct],
+                cm(name),
+            )
+            .await,
+            // Not impersonating: the certificate user may not write.
+            via.send(Method::POST, &cms, &[json_ct], cm(&format!("{name}-self")))
+                .await,
+        ];
+        table.push((what, answers));
+    }
+    let (d, p) = (&table[0].1, &table[1].1);
+    for (i, (d, p)) in d.iter().zip(p).enumerate() {
+        assert_eq!(d.status, p.status, "write {i}: {} | {}", d.text(), p.text());
+        if d.status.as_u16() >= 400 {
+            assert_eq!(
+                d.json()["message"],
+                p.json()["message"]
+                    .as_str()
+                    .unwrap()
+                    .replace("\"p", "\"d")
+                    .as_str(),
+                "write {i}"
+            );
+        }
+        println!("write {i}: apiserver {} | proxy {}", d.status, p.status);
+    }
+    assert_eq!(
+        d.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>(),
+        [201, 200, 403, 403, 403]
+    );
+}

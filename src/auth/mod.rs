@@ -5,7 +5,9 @@
 //! Authentication follows the apiserver's order (its union authenticator):
 //! a client certificate verified against the client CA (user = CN, groups
 //! = O), then a bearer token (TokenReview upstream), then anonymous
-//! (`system:anonymous` in `system:unauthenticated`, unless disabled).
+//! (`system:anonymous` in `system:unauthenticated`, unless disabled). A
+//! certificate that does not verify falls through to the token, but is
+//! never anonymous ([`Credential::of`]).
 //! Client-requested impersonation is then authorized (see
 //! [`impersonation`]). A read answered from the cache is authorized with a
 //! SubjectAccessReview (see [`access`]); a watch once, when it starts.
@@ -50,6 +52,25 @@ pub enum Credential {
     None,
 }
 
+/// What the connection's client certificate says, as the apiserver's x509
+/// authenticator (`staging/src/k8s.io/apiserver/pkg/authentication/
+/// request/x509/x509.go`) judges it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientCertificate {
+    /// None was presented: no opinion.
+    None,
+    /// It verifies against the client CA now, for client authentication,
+    /// and names a user (CN).
+    Verified(UserInfo),
+    /// It verifies but has no CN: no opinion, the next authenticator
+    /// decides.
+    NoUser,
+    /// It does not verify (unknown CA, expired, not yet valid, not for
+    /// client authentication): an error, unless a later authenticator
+    /// (a bearer token) succeeds.
+    Rejected,
+}
+
 /// Why a request's identity could not be established.
 #[derive(Debug, Clone)]
 pub enum AuthFailure {
@@ -61,33 +82,89 @@ pub enum AuthFailure {
     Unavailable(ReviewError),
 }
 
+/// Why a request has no identity: the apiserver's `401`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unauthenticated;
+
 // === impl Credential ===
 
 impl Credential {
-    /// The credential of a request: the connection's verified certificate
-    /// user wins over a bearer token, as in the apiserver.
-    pub fn of(cert_user: Option<&UserInfo>, headers: &HeaderMap) -> Credential {
-        if let Some(user) = cert_user {
-            return Credential::Certificate(user.clone());
+    /// The credential of a request, tried in the apiserver's order (its
+    /// union authenticator, `request/union/union.go`): a verified client
+    /// certificate, then a bearer token. A certificate that fails
+    /// verification is an error the union remembers: a bearer token still
+    /// authenticates the request, but without one it is `401`, never
+    /// anonymous (the anonymous authenticator runs only when the chain
+    /// returned no error).
+    ///
+    /// # Errors
+    /// [`Unauthenticated`] for a rejected certificate without a token.
+    pub fn of(
+        cert: &ClientCertificate,
+        headers: &HeaderMap,
+    ) -> Result<Credential, Unauthenticated> {
+        if let ClientCertificate::Verified(user) = cert {
+            return Ok(Credential::Certificate(user.clone()));
         }
-        match bearer_token(headers) {
-            Some(token) => Credential::Bearer(token.to_string()),
-            None => Credential::None,
+        match (bearer_token(headers), cert) {
+            (Some(token), _) => Ok(Credential::Bearer(token)),
+            (None, ClientCertificate::Rejected) => Err(Unauthenticated),
+            (None, _) => Ok(Credential::None),
         }
     }
 }
 
-/// The token of an `Authorization: Bearer` header, like the apiserver's
-/// `bearertoken` authenticator parses it (case-insensitive scheme, one
-/// space, non-empty token).
-pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
-    let (scheme, token) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return None;
+/// The `Warning` the apiserver adds when an `Authorization` header has
+/// more than one space between `Bearer` and the token.
+pub const EXTRA_SPACE_WARNING: &str = "299 - \"the provided Authorization header contains extra space before the bearer token, and is ignored\"";
+
+/// How the apiserver's `bearertoken` authenticator reads the
+/// `Authorization` header
+/// (`staging/src/k8s.io/apiserver/pkg/authentication/request/bearertoken/bearertoken.go`):
+/// the first value, trimmed of white space, split on single spaces into at
+/// most three parts; the first must be `bearer` in any case, the second is
+/// the token. `Bearer  <token>` (two spaces) has an empty second part: no
+/// token (the request is anonymous, with a warning). `Bearer <a> <b>`
+/// authenticates `<a>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BearerHeader {
+    /// No bearer token.
+    None,
+    /// A token.
+    Token(String),
+    /// `Bearer` followed by more than one space: ignored, with
+    /// [`EXTRA_SPACE_WARNING`].
+    ExtraSpace,
+}
+
+impl BearerHeader {
+    /// Parses a request's `Authorization` header.
+    pub fn of(headers: &HeaderMap) -> BearerHeader {
+        let Some(value) = headers.get(AUTHORIZATION) else {
+            return BearerHeader::None;
+        };
+        // Go reads the header's bytes as a string; invalid UTF-8 would be
+        // replaced on its way into a TokenReview anyway.
+        let value = String::from_utf8_lossy(value.as_bytes());
+        let parts: Vec<&str> = value.trim().splitn(3, ' ').collect();
+        if parts.len() < 2 || parts[0].to_lowercase() != "bearer" {
+            return BearerHeader::None;
+        }
+        match (parts[1], parts.len()) {
+            ("", 3) => BearerHeader::ExtraSpace,
+            ("", _) => BearerHeader::None,
+            (token, _) => BearerHeader::Token(token.to_string()),
+        }
     }
-    let token = token.trim();
-    (!token.is_empty()).then_some(token)
+}
+
+/// The token of an `Authorization: Bearer` header, as the apiserver reads
+/// it ([`BearerHeader`]).
+pub fn bearer_token(headers: &HeaderMap) -> Option<String> {
+    match BearerHeader::of(headers) {
+        BearerHeader::Token(token) => Some(token),
+        BearerHeader::None | BearerHeader::ExtraSpace => None,
+    }
 }
 
 /// Authentication and authorization.
@@ -206,26 +283,72 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    #[test]
-    fn bearer_parsing() {
+    fn header(v: &'static str) -> HeaderMap {
         let mut h = HeaderMap::new();
-        assert_eq!(bearer_token(&h), None);
-        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer abc"));
-        assert_eq!(bearer_token(&h), Some("abc"));
-        h.insert(AUTHORIZATION, HeaderValue::from_static("bearer  abc "));
-        assert_eq!(bearer_token(&h), Some("abc"));
-        h.insert(AUTHORIZATION, HeaderValue::from_static("Basic abc"));
-        assert_eq!(bearer_token(&h), None);
-        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer "));
-        assert_eq!(bearer_token(&h), None);
+        h.insert(AUTHORIZATION, HeaderValue::from_static(v));
+        h
     }
 
     #[test]
-    fn certificate_wins_over_token() {
-        let mut h = HeaderMap::new();
-        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer abc"));
+    fn bearer_parsing_follows_the_apiserver() {
+        assert_eq!(BearerHeader::of(&HeaderMap::new()), BearerHeader::None);
+        let token = |s: &str| BearerHeader::Token(s.to_string());
+        for (value, want) in [
+            ("Bearer abc", token("abc")),
+            ("bearer abc", token("abc")),
+            ("BEARER abc", token("abc")),
+            ("Bearer abc ", token("abc")),
+            ("Bearer abc def", token("abc")),
+            ("Bearer abc  def", token("abc")),
+            ("Bearer  abc", BearerHeader::ExtraSpace),
+            ("bearer   abc", BearerHeader::ExtraSpace),
+            ("Bearer\tabc", BearerHeader::None),
+            ("Bearer", BearerHeader::None),
+            ("Bearer ", BearerHeader::None),
+            ("Basic abc", BearerHeader::None),
+            ("Bearerabc", BearerHeader::None),
+            ("", BearerHeader::None),
+        ] {
+            assert_eq!(BearerHeader::of(&header(value)), want, "{value:?}");
+        }
+        assert_eq!(bearer_token(&header("Bearer  abc")), None);
+        assert_eq!(bearer_token(&header("Bearer a b")).as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn certificate_then_token_then_anonymous() {
+        let h = header("Bearer abc");
         let u = UserInfo::new("alice", &["dev"]);
-        assert_eq!(Credential::of(Some(&u), &h), Credential::Certificate(u));
-        assert_eq!(Credential::of(None, &h), Credential::Bearer("abc".into()));
+        let verified = ClientCertificate::Verified(u.clone());
+        let bearer = Ok(Credential::Bearer("abc".into()));
+        assert_eq!(
+            Credential::of(&verified, &h),
+            Ok(Credential::Certificate(u))
+        );
+        for cert in [
+            ClientCertificate::None,
+            ClientCertificate::NoUser,
+            ClientCertificate::Rejected,
+        ] {
+            assert_eq!(Credential::of(&cert, &h), bearer, "{cert:?}");
+        }
+        let none = HeaderMap::new();
+        assert_eq!(
+            Credential::of(&ClientCertificate::None, &none),
+            Ok(Credential::None)
+        );
+        assert_eq!(
+            Credential::of(&ClientCertificate::NoUser, &none),
+            Ok(Credential::None)
+        );
+        assert_eq!(
+            Credential::of(&ClientCertificate::Rejected, &none),
+            Err(Unauthenticated)
+        );
+        // An ignored header is no token.
+        assert_eq!(
+            Credential::of(&ClientCertificate::Rejected, &header("Bearer  abc")),
+            Err(Unauthenticated)
+        );
     }
 }

@@ -2,11 +2,13 @@
 //!
 //! The cache is keyed by SHA-256 of a per-process random salt and the
 //! token, never by the token itself. A positive answer is kept for
-//! `cacheTTLSeconds` (default 2 minutes, kube-apiserver's
-//! `--authentication-token-webhook-cache-ttl`) but never past the token's
+//! `cacheTTLSeconds` (default 10 s, so that a deleted ServiceAccount's
+//! token stops working within seconds, as at the apiserver; its webhook
+//! authenticator keeps 2 minutes) but never past the token's
 //! own expiry when the token is a JWT (its `exp` claim is read, not
 //! trusted: it only shortens the TTL); a negative answer for
-//! `failureCacheTTLSeconds` (default 10 s). Errors are not cached.
+//! `failureCacheTTLSeconds` (default 10 s), unless the review carries an
+//! error. Failed reviews (the apiserver unreachable) are not cached.
 //! Concurrent misses for the same token make one upstream call.
 
 use std::time::{Duration, Instant, SystemTime};
@@ -124,6 +126,10 @@ impl TokenAuthenticator {
         let request = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
+                // None: the apiserver then checks the token against its own
+                // --api-audiences (pkg/registry/authentication/tokenreview/
+                // storage.go), exactly as when the token is sent to it
+                // directly; a token minted for another audience fails both.
                 audiences: None,
             },
             ..TokenReview::default()
@@ -135,15 +141,6 @@ impl TokenAuthenticator {
         )
         .await?;
         let status = answer.status.unwrap_or_default();
-        if status.error.as_deref().is_some_and(|e| !e.is_empty())
-            && status.authenticated != Some(true)
-        {
-            // The apiserver's webhook authenticator does not cache these.
-            return Err(ReviewError::Upstream(format!(
-                "token review error: {}",
-                status.error.unwrap_or_default()
-            )));
-        }
         let lifetime = jwt_lifetime(token);
         let fetched = |value, ttl: Duration| {
             let last_known = ttl + self.settings.last_known;
@@ -154,7 +151,18 @@ impl TokenAuthenticator {
             }
         };
         if status.authenticated != Some(true) {
-            return Ok(fetched(TokenResult::Rejected, self.settings.failure_ttl));
+            // Not authenticated, with or without an error ("invalid bearer
+            // token" for any token no authenticator accepts): what the
+            // apiserver answers the token itself, 401. Answers with an
+            // error are not cached, as the apiserver's webhook
+            // authenticator caches none (a transient failure heals).
+            let failed = status.error.as_deref().is_some_and(|e| !e.is_empty());
+            let ttl = if failed {
+                Duration::ZERO
+            } else {
+                self.settings.failure_ttl
+            };
+            return Ok(fetched(TokenResult::Rejected, ttl));
         }
         let user = status.user.unwrap_or_default();
         let user = UserInfo {
@@ -171,6 +179,15 @@ impl TokenAuthenticator {
             TokenResult::Authenticated(user.with_authenticated_group()),
             ttl,
         ))
+    }
+
+    /// Whether `token` is known, from a cached TokenReview, to authenticate
+    /// someone. No review is made.
+    pub async fn known_authenticated(&self, token: &str) -> bool {
+        matches!(
+            self.cache.get(&self.key(token)).await,
+            Some(TokenResult::Authenticated(_))
+        )
     }
 
     /// Tokens in the cache, for tests.

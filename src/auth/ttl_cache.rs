@@ -184,6 +184,11 @@ impl<V: Clone + Send + Sync + 'static> TtlCache<V> {
         }
     }
 
+    /// The value for `key`, if cached and not expired; no fetch.
+    pub async fn get(&self, key: &Key) -> Option<V> {
+        self.cache.get(key).await.map(|e| e.value.clone())
+    }
+
     /// Every entry, for inspection in tests.
     pub async fn entries(&self) -> Vec<(Key, V)> {
         self.cache.run_pending_tasks().await;

@@ -39,6 +39,8 @@ pub struct Running {
     pub url: String,
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    /// The metrics listener, when `metricsListen` is set.
+    pub metrics: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), RunError>>>,
 }
@@ -50,6 +52,7 @@ impl Running {
         let listeners = Listeners::bind(config).await.unwrap();
         let addr = listeners.api.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();
+        let metrics = listeners.metrics.as_ref().map(|l| l.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(kube_cache_proxy::run(
             listeners,
@@ -62,6 +65,7 @@ impl Running {
             url: format!("https://{addr}"),
             addr,
             admin,
+            metrics,
             stop: Some(stop),
             task: Some(task),
         }

@@ -203,6 +203,15 @@ impl Ca {
         Ok(params.signed_by(&key, &self.issuer)?.pem())
     }
 
+    /// A certificate for `params` (any subject, validity and usages, as
+    /// tests of expired or odd certificates need) with a fresh key.
+    ///
+    /// # Errors
+    /// When signing fails.
+    pub fn issue(&self, params: CertificateParams) -> Result<Issued, rcgen::Error> {
+        self.sign(params)
+    }
+
     fn sign(&self, params: CertificateParams) -> Result<Issued, rcgen::Error> {
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
