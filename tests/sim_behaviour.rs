@@ -432,7 +432,20 @@ async fn tables_for_kubectl_get_and_watch() {
         .iter()
         .map(|c| c["name"].clone())
         .collect();
-    assert_eq!(cols, ["Name", "Age"]);
+    assert_eq!(
+        cols,
+        [
+            "Name",
+            "Ready",
+            "Status",
+            "Restarts",
+            "Age",
+            "IP",
+            "Node",
+            "Nominated Node",
+            "Readiness Gates"
+        ]
+    );
     let rv = t["metadata"]["resourceVersion"]
         .as_str()
         .unwrap()
