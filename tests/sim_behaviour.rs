@@ -543,7 +543,7 @@ async fn upgrades_echo_bytes_both_ways() {
     let (sim, admin) = default_sim().await;
     sim.create(
         &gvr("", "pods"),
-        json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {}}),
+        json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "n1", "containers": [{"name": "c"}]}}),
     )
     .unwrap();
     let (head, mut tls) = upgrade(
