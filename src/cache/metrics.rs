@@ -23,6 +23,7 @@ pub struct CacheMetrics {
     reads: IntCounterVec,
     consistency_probes: IntCounterVec,
     progress_watches: IntCounterVec,
+    upstream_watches: IntGaugeVec,
 }
 
 impl std::fmt::Debug for CacheMetrics {
@@ -93,6 +94,10 @@ impl CacheMetrics {
             reads: counter("cache_reads_total", "Reads of cached resources, by verb and how they were answered (cache|upstream) and why.", &["verb", "source", "reason"])?,
             consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes for consistent reads, by result (ok|error).", &["result"])?,
             progress_watches: counter("cache_progress_watches_total", "Short upstream watches opened to learn the cache is fresh.", &[])?,
+            upstream_watches: IntGaugeVec::new(
+                Opts::new("upstream_watches", "Upstream watches the cache holds open, by kind (reflector|progress).").namespace(NS),
+                &["group", "resource", "kind"],
+            )?,
         };
         registry.register(Box::new(m.objects.clone()))?;
         registry.register(Box::new(m.bytes.clone()))?;
@@ -108,6 +113,7 @@ impl CacheMetrics {
         registry.register(Box::new(m.reads.clone()))?;
         registry.register(Box::new(m.consistency_probes.clone()))?;
         registry.register(Box::new(m.progress_watches.clone()))?;
+        registry.register(Box::new(m.upstream_watches.clone()))?;
         Ok(m)
     }
 
@@ -179,11 +185,33 @@ impl ResourceMetrics {
             .inc();
     }
 
+    /// Counts an upstream watch of `kind` (`reflector`|`progress`) as
+    /// open until the returned guard is dropped.
+    pub fn upstream_watch(&self, kind: &str) -> UpstreamWatch {
+        let gauge = self
+            .families
+            .upstream_watches
+            .with_label_values(&self.l3(kind));
+        gauge.inc();
+        UpstreamWatch(gauge)
+    }
+
     /// Counts a consistency probe.
     pub fn probe(&self, result: &str) {
         self.families
             .consistency_probes
             .with_label_values(&self.l3(result))
             .inc();
+    }
+}
+
+/// An open upstream watch, counted in `kube_cache_proxy_upstream_watches`
+/// until dropped.
+#[derive(Debug)]
+pub struct UpstreamWatch(IntGauge);
+
+impl Drop for UpstreamWatch {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
