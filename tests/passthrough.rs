@@ -148,7 +148,7 @@ async fn upgrade_round_trip() {
     use hyper_util::rt::TokioIo;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let env = passthrough_env().await;
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p1", "namespace": "ns1"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p1", "namespace": "ns1"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]}});
     assert_eq!(
         env.proxy(env.admin())
             .post_json("/api/v1/namespaces/ns1/pods", &pod)

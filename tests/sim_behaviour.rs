@@ -432,7 +432,20 @@ async fn tables_for_kubectl_get_and_watch() {
         .iter()
         .map(|c| c["name"].clone())
         .collect();
-    assert_eq!(cols, ["Name", "Age"]);
+    assert_eq!(
+        cols,
+        [
+            "Name",
+            "Ready",
+            "Status",
+            "Restarts",
+            "Age",
+            "IP",
+            "Node",
+            "Nominated Node",
+            "Readiness Gates"
+        ]
+    );
     let rv = t["metadata"]["resourceVersion"]
         .as_str()
         .unwrap()
@@ -530,7 +543,7 @@ async fn upgrades_echo_bytes_both_ways() {
     let (sim, admin) = default_sim().await;
     sim.create(
         &gvr("", "pods"),
-        json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {}}),
+        json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "n1", "containers": [{"name": "c"}]}}),
     )
     .unwrap();
     let (head, mut tls) = upgrade(

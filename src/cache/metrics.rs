@@ -25,6 +25,7 @@ pub struct CacheMetrics {
     progress_watches: IntCounterVec,
     snapshots: IntCounterVec,
     snapshot_bytes: IntGaugeVec,
+    upstream_watches: IntGaugeVec,
 }
 
 impl std::fmt::Debug for CacheMetrics {
@@ -98,6 +99,10 @@ impl CacheMetrics {
             progress_watches: counter("cache_progress_watches_total", "Short upstream watches opened to learn the cache is fresh.", &[])?,
             snapshots: counter("cache_snapshots_total", "Cache snapshots on disk, by operation (load|save) and result (load: loaded|absent|discarded|error; save: saved|too_large|error).", &["operation", "result"])?,
             snapshot_bytes: gauge("cache_snapshot_bytes", "Size of the resource's snapshot on disk, in bytes (0: none).")?,
+            upstream_watches: IntGaugeVec::new(
+                Opts::new("upstream_watches", "Upstream watches the cache holds open, by kind (reflector|progress).").namespace(NS),
+                &["group", "resource", "kind"],
+            )?,
         };
         registry.register(Box::new(m.objects.clone()))?;
         registry.register(Box::new(m.bytes.clone()))?;
@@ -115,6 +120,7 @@ impl CacheMetrics {
         registry.register(Box::new(m.progress_watches.clone()))?;
         registry.register(Box::new(m.snapshots.clone()))?;
         registry.register(Box::new(m.snapshot_bytes.clone()))?;
+        registry.register(Box::new(m.upstream_watches.clone()))?;
         Ok(m)
     }
 
@@ -195,11 +201,33 @@ impl ResourceMetrics {
             .inc();
     }
 
+    /// Counts an upstream watch of `kind` (`reflector`|`progress`) as
+    /// open until the returned guard is dropped.
+    pub fn upstream_watch(&self, kind: &str) -> UpstreamWatch {
+        let gauge = self
+            .families
+            .upstream_watches
+            .with_label_values(&self.l3(kind));
+        gauge.inc();
+        UpstreamWatch(gauge)
+    }
+
     /// Counts a consistency probe.
     pub fn probe(&self, result: &str) {
         self.families
             .consistency_probes
             .with_label_values(&self.l3(result))
             .inc();
+    }
+}
+
+/// An open upstream watch, counted in `kube_cache_proxy_upstream_watches`
+/// until dropped.
+#[derive(Debug)]
+pub struct UpstreamWatch(IntGauge);
+
+impl Drop for UpstreamWatch {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -422,6 +422,12 @@ impl Reflector {
         let extra = format!(
             "watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds={timeout_seconds}"
         );
+        // Counted from before the request until the stream is dropped, so
+        // that the gauge covers every moment upstream serves the watch.
+        let _open =
+            self.cache
+                .metrics
+                .upstream_watch(if progress { "progress" } else { "reflector" });
         let resp = get(
             &self.upstream,
             &self.query(&extra),
