@@ -77,9 +77,19 @@ pub struct Config {
     /// are closed. Default 30 s: below the kubelet's default
     /// `terminationGracePeriodSeconds` of 30 s plus the pre-stop margin.
     pub shutdown_grace_period_seconds: u64,
-    /// Most client connections served at once; further connections wait in
-    /// the kernel's accept queue. Default 10000.
+    /// Most client connections open at once. Past it, the connection idle
+    /// longest (no request in flight; a watch keeps its connection busy) is
+    /// closed to make room, and a new connection is refused only when none
+    /// is idle (`conns.rs`). Default 10000.
     pub max_connections: usize,
+    /// Most connections of one client (a verified certificate's user, a
+    /// bearer token, or anonymous), with the same rule. Default 1000.
+    pub max_connections_per_client: usize,
+    /// Most requests of one client waiting for their response headers
+    /// (a watch counts until it is established); past it, `429` with
+    /// `Retry-After: 1`, as kube-apiserver's max-in-flight filter answers.
+    /// Default 400.
+    pub max_requests_in_flight_per_client: usize,
     /// This node's name, substituted for `${NODE_NAME}` in cache scopes.
     /// Default: the `NODE_NAME` environment variable (downward API) via the
     /// `--node-name` flag, else empty.
@@ -712,6 +722,8 @@ impl Default for Config {
             upstream: UpstreamConfig::default(),
             shutdown_grace_period_seconds: 30,
             max_connections: 10_000,
+            max_connections_per_client: 1000,
+            max_requests_in_flight_per_client: 400,
             node_name: String::new(),
             cache: CacheConfig::default(),
             authentication: AuthenticationConfig::default(),
@@ -910,6 +922,18 @@ impl Config {
         }
         if self.max_connections == 0 {
             return Err(ConfigError::invalid("maxConnections", "must be at least 1"));
+        }
+        if self.max_connections_per_client == 0 {
+            return Err(ConfigError::invalid(
+                "maxConnectionsPerClient",
+                "must be at least 1",
+            ));
+        }
+        if self.max_requests_in_flight_per_client == 0 {
+            return Err(ConfigError::invalid(
+                "maxRequestsInFlightPerClient",
+                "must be at least 1",
+            ));
         }
         self.cache.validate(&self.node_name)?;
         Ok(())

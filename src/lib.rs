@@ -10,6 +10,7 @@ pub mod auth;
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod conns;
 pub mod csr;
 // Only with the `demo` feature, which brings in the simulated apiserver;
 // the production image is built without it.
@@ -451,7 +452,11 @@ pub async fn run(
     }
     let handed_over = Arc::new(AtomicBool::new(false));
     let options = ServeOptions {
-        max_connections: config.max_connections,
+        limits: conns::Limits {
+            max_connections: config.max_connections,
+            max_connections_per_client: config.max_connections_per_client,
+            max_requests_in_flight_per_client: config.max_requests_in_flight_per_client,
+        },
         grace_period: Duration::from_secs(config.shutdown_grace_period_seconds),
         handed_over: handed_over.clone(),
     };

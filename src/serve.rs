@@ -1,42 +1,52 @@
 //! The client-facing listener: accept, TLS handshake, and one task per
-//! connection serving HTTP/1.1 (with upgrades) and HTTP/2.
+//! connection serving HTTP/2 or HTTP/1.1 (with upgrades), as ALPN chose.
 //!
-//! A semaphore bounds connections before accept; handshakes are bounded in
-//! time; on shutdown the loop stops accepting and open connections drain
-//! gracefully within the grace period, after which the rest are closed.
+//! Connections are admitted by the [`Registry`](crate::conns::Registry):
+//! past a limit the connection idle longest makes room, so a flood of idle
+//! connections cannot lock anyone out; requests are limited per client.
+//! Handshakes are bounded in time, and idle connections are closed as
+//! kube-apiserver closes them (HTTP/1.1: no request headers within 32 s;
+//! HTTP/2: no stream for 90 s). On shutdown the loop stops accepting and
+//! open connections drain gracefully within the grace period, after which
+//! the rest are closed.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::auth::{ClientCertificate, UserInfo};
+use crate::conns::{ConnHandle, Limits, Registry, token_client, too_many_requests};
 use crate::handler::{ConnInfo, Handler};
 use crate::metrics::Metrics;
 use crate::tls::ServerTls;
 
 /// Bound on a client's TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on reading an HTTP/1.1 request's headers (slow-loris defence).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on reading an HTTP/1.1 request's headers, the first request's
+/// included: kube-apiserver's `ReadHeaderTimeout` (32 s) closes a
+/// connection that sends nothing.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(32);
 /// Concurrent HTTP/2 streams per client connection, like kube-apiserver's
 /// default `--http2-max-streams-per-connection`.
 const MAX_CONCURRENT_STREAMS: u32 = 1000;
+/// How often an HTTP/2 connection checks whether it has been idle for
+/// [`crate::conns::H2_IDLE_TIMEOUT`].
+const IDLE_CHECK: Duration = Duration::from_secs(5);
 
 /// Listener settings.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    pub max_connections: usize,
+    pub limits: Limits,
     pub grace_period: Duration,
     /// Set when a successor took the listening socket over: connections
     /// accepted just before then get [`HANDOVER_LINGER`] to send their
@@ -60,17 +70,11 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(server_tls.config());
-    let permits = Arc::new(Semaphore::new(options.max_connections));
-    let graceful = GracefulShutdown::new();
+    let registry = Registry::new(options.limits);
+    // Cancelled to close every connection gracefully.
+    let drain = CancellationToken::new();
     let mut tasks = JoinSet::new();
     loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
         let (tcp, remote) = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
@@ -88,11 +92,11 @@ pub async fn serve(
         let server_tls = server_tls.clone();
         let handler = handler.clone();
         let metrics = metrics.clone();
-        let watcher = graceful.watcher();
+        let registry = registry.clone();
+        let drain = drain.clone();
         let span = tracing::debug_span!("conn", client.addr = %remote);
         tasks.spawn(
             async move {
-                let _permit = permit;
                 let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
                 {
                     Ok(Ok(tls)) => tls,
@@ -114,32 +118,69 @@ pub async fn serve(
                     }
                 };
                 let cert = client_certificate(&server_tls, tls.get_ref().1.peer_certificates());
+                let client: Arc<str> = match &cert {
+                    ClientCertificate::Verified(user) => Arc::from(format!("user:{}", user.name)),
+                    _ => token_client(None),
+                };
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let Ok(handle) = registry.admit(client) else {
+                    tracing::debug!("no room for the connection; closing it");
+                    return;
+                };
+                let handle = Arc::new(handle);
+                let by_certificate = matches!(cert, ClientCertificate::Verified(_));
                 let conn = Arc::new(ConnInfo { remote, cert });
                 metrics.connections.inc();
-                let svc = service_fn(move |req| {
-                    let handler = handler.clone();
-                    let conn = conn.clone();
-                    // Boxed: hyper keeps each HTTP/2 stream's future inline
-                    // in the stream's task for the stream's whole life, so
-                    // an unboxed handler (kilobytes of state) would stay
-                    // allocated under every idle watch after it returned.
-                    Box::pin(async move { Ok::<_, Infallible>(handler.handle(req, &conn).await) })
-                });
-                let mut builder = auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http1()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT);
-                builder
-                    .http2()
-                    .timer(TokioTimer::new())
-                    .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-                    .keep_alive_interval(Duration::from_secs(30))
-                    .keep_alive_timeout(Duration::from_secs(20));
-                let conn = builder
-                    .serve_connection_with_upgrades(TokioIo::new(tls), svc)
-                    .into_owned();
-                if let Err(error) = watcher.watch(conn).await {
+                let svc = {
+                    let handle = handle.clone();
+                    service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let handler = handler.clone();
+                        let conn = conn.clone();
+                        let handle = handle.clone();
+                        // Boxed: hyper keeps each HTTP/2 stream's future
+                        // inline in the stream's task for the stream's whole
+                        // life, so an unboxed handler (kilobytes of state)
+                        // would stay allocated under every idle watch after
+                        // it returned.
+                        Box::pin(async move {
+                            Ok::<_, Infallible>(
+                                serve_request(&handler, &conn, &handle, by_certificate, req).await,
+                            )
+                        })
+                    })
+                };
+                let io = TokioIo::new(tls);
+                let result = if h2 {
+                    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .timer(TokioTimer::new())
+                        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+                        .keep_alive_interval(Duration::from_secs(30))
+                        .keep_alive_timeout(Duration::from_secs(20))
+                        .serve_connection(io, svc);
+                    drive(
+                        std::pin::pin!(conn),
+                        |c| c.graceful_shutdown(),
+                        &handle,
+                        &drain,
+                        true,
+                    )
+                    .await
+                } else {
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_READ_TIMEOUT)
+                        .serve_connection(io, svc)
+                        .with_upgrades();
+                    drive(
+                        std::pin::pin!(conn),
+                        |c| c.graceful_shutdown(),
+                        &handle,
+                        &drain,
+                        false,
+                    )
+                    .await
+                };
+                if let Err(error) = result {
                     tracing::debug!(%error, "connection ended with an error");
                 }
                 metrics.connections.dec();
@@ -156,18 +197,86 @@ pub async fn serve(
         tokio::time::sleep(HANDOVER_LINGER).await;
     }
     tracing::info!(
-        connections = graceful.count(),
+        connections = tasks.len(),
         grace_period = ?options.grace_period,
         "stopped accepting; draining connections"
     );
-    if tokio::time::timeout(options.grace_period, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    drain.cancel();
+    let drained = tokio::time::timeout(options.grace_period, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
         tracing::warn!("grace period over; closing the remaining connections");
     }
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
+}
+
+/// One request: counted against its client's limits, then handled.
+async fn serve_request(
+    handler: &Handler,
+    conn: &ConnInfo,
+    handle: &ConnHandle,
+    by_certificate: bool,
+    req: http::Request<hyper::body::Incoming>,
+) -> http::Response<crate::body::Body> {
+    // Without a verified certificate, the client is who its token says
+    // (a digest of it), or anonymous.
+    if !by_certificate {
+        let client = token_client(crate::auth::bearer_token(req.headers()).as_deref());
+        if handle.identify(&client).is_err() {
+            return too_many_requests();
+        }
+    }
+    let Ok(waiting) = handle.waiting() else {
+        return too_many_requests();
+    };
+    let active = handle.active();
+    let resp = handler.handle(req, conn).await;
+    drop(waiting);
+    let (parts, body) = resp.into_parts();
+    http::Response::from_parts(parts, crate::body::guarded(body, active))
+}
+
+/// Serves a connection until it ends, closing it gracefully when the
+/// server drains, when the registry evicts it, or (HTTP/2) when it has had
+/// no stream for [`crate::conns::H2_IDLE_TIMEOUT`].
+async fn drive<C>(
+    mut conn: Pin<&mut C>,
+    graceful: fn(Pin<&mut C>),
+    handle: &ConnHandle,
+    drain: &CancellationToken,
+    h2: bool,
+) -> Result<(), hyper::Error>
+where
+    C: Future<Output = Result<(), hyper::Error>>,
+{
+    let mut closing = false;
+    let mut check = tokio::time::interval(IDLE_CHECK);
+    check.tick().await;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => return result,
+            _ = drain.cancelled(), if !closing => {
+                closing = true;
+                graceful(conn.as_mut());
+            }
+            _ = handle.closed().cancelled(), if !closing => {
+                closing = true;
+                graceful(conn.as_mut());
+            }
+            _ = check.tick(), if h2 && !closing => {
+                if handle
+                    .idle_since()
+                    .is_some_and(|since| since.elapsed() >= crate::conns::H2_IDLE_TIMEOUT)
+                {
+                    closing = true;
+                    graceful(conn.as_mut());
+                }
+            }
+        }
+    }
 }
 
 /// The connection's client certificate, judged as the apiserver's x509
