@@ -3,7 +3,7 @@
 //! `allowWatchBookmarks=true`. A dropped or timed-out watch resumes from the
 //! cache's RV; `410 Gone` relists (and the store turns the difference into
 //! events, so downstream watchers carry on). Failures back off
-//! exponentially with jitter.
+//! exponentially with jitter ([`BACKOFF`], the `backon` crate).
 //!
 //! Two short upstream requests support consistent reads:
 //! - [`probe_rv`]: a `limit=1` list whose RV is upstream's current RV;
@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::BytesMut;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -105,23 +106,20 @@ enum WatchEnd {
     Progressed,
 }
 
-/// Exponential backoff with jitter: 0.2 s doubling up to 30 s, each delay
-/// drawn from [50 %, 150 %] of the nominal value.
-#[derive(Debug, Default)]
-struct Backoff {
-    attempt: u32,
-}
+/// Retry delays after a failed list or watch: 0.1 s doubling up to 15 s,
+/// each plus a random jitter of up to 100 % (as client-go's reflector), so
+/// 0.1–0.2 s at first and 15–30 s at most. Reset by every successful list
+/// and every watch that ends cleanly.
+const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(100))
+    .with_max_delay(Duration::from_secs(15))
+    .with_factor(2.0)
+    .with_jitter()
+    .without_max_times();
 
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let nominal = (0.2 * 2f64.powi(self.attempt.min(8) as i32)).min(30.0);
-        self.attempt += 1;
-        Duration::from_secs_f64(nominal * (0.5 + fastrand::f64()))
-    }
-
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
+/// The next delay of a backoff built from [`BACKOFF`] (never exhausted).
+fn next_delay(backoff: &mut impl Iterator<Item = Duration>) -> Duration {
+    backoff.next().unwrap_or(Duration::from_secs(30))
 }
 
 /// Runs one resource's reflector until `shutdown`.
@@ -150,14 +148,14 @@ impl Reflector {
         let check = self.check_name();
         self.readiness.register(&check, "initial list not done");
         let progress = tokio::spawn(self.clone().progress_loop());
-        let mut backoff = Backoff::default();
+        let mut backoff = BACKOFF.build();
         'relist: loop {
             if self.shutdown.is_cancelled() {
                 break;
             }
             match self.list().await {
                 Ok(()) => {
-                    backoff.reset();
+                    backoff = BACKOFF.build();
                     self.readiness.set(&check, Ok(()));
                 }
                 Err(error) => {
@@ -166,7 +164,7 @@ impl Reflector {
                         self.readiness
                             .set(&check, Err(format!("initial list not done: {error}")));
                     }
-                    if !self.sleep(backoff.next()).await {
+                    if !self.sleep(next_delay(&mut backoff)).await {
                         break;
                     }
                     continue;
@@ -182,7 +180,7 @@ impl Reflector {
                 match result {
                     Ok(_) => {
                         self.cache.metrics.watch_restart("closed");
-                        backoff.reset();
+                        backoff = BACKOFF.build();
                     }
                     Err(ReflectorError::Expired(message)) => {
                         self.cache.metrics.watch_restart("expired");
@@ -192,7 +190,7 @@ impl Reflector {
                     Err(error) => {
                         self.cache.metrics.watch_restart("error");
                         tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
-                        if !self.sleep(backoff.next()).await {
+                        if !self.sleep(next_delay(&mut backoff)).await {
                             break 'relist;
                         }
                     }
@@ -469,4 +467,22 @@ pub fn probe_rv(
             .map_err(|_| "probe list has no resourceVersion".to_string())
     }
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_caps_and_resets() {
+        let mut b = BACKOFF.build();
+        let d: Vec<f64> = (0..12).map(|_| next_delay(&mut b).as_secs_f64()).collect();
+        assert!((0.1..0.2).contains(&d[0]), "{d:?}");
+        assert!((0.2..0.4).contains(&d[1]), "{d:?}");
+        assert!((6.4..12.8).contains(&d[6]), "{d:?}");
+        assert!((15.0..30.0).contains(&d[11]), "{d:?}");
+        // A success starts over.
+        b = BACKOFF.build();
+        assert!(next_delay(&mut b) < Duration::from_millis(200));
+    }
 }
