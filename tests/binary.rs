@@ -145,24 +145,27 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .unwrap();
     // Ready once every cache listed.
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", admin_port)).await {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut out = String::new();
-            let _ = s.read_to_string(&mut out).await;
-            if out.starts_with("HTTP/1.1 200") {
-                break;
-            }
-        }
+    while !admin_get(admin_port, "/readyz")
+        .await
+        .starts_with("HTTP/1.1 200")
+    {
         assert!(
             Instant::now() < deadline,
             "{} never became ready",
             config.display()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every series docs/metrics.md says is present from start is, before
+    // any request.
+    let scrape = admin_get(admin_port, "/metrics").await;
+    for family in documented_from_start() {
+        assert!(
+            scrape.contains(&format!("\n{family}{{"))
+                || scrape.contains(&format!("\n{family} "))
+                || scrape.contains(&format!("\n{family}_bucket{{")),
+            "{family} is documented but not exported at start:\n{scrape}"
+        );
     }
     let client = Client::new(
         &format!("https://127.0.0.1:{port}"),
@@ -177,6 +180,19 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .watch("/api/v1/namespaces?watch=1&resourceVersion=0", &[])
         .await;
     assert_eq!(w.status, 200);
+    let r = client.get("/version").await;
+    assert_eq!(r.status, 200);
+    // The scrape, with requests counted, is what promtool accepts.
+    let scrape = admin_get(admin_port, "/metrics").await;
+    let body = scrape
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert!(
+        body.contains("kube_cache_proxy_requests_total{code=\"200\",group=\"\",resource=\"namespaces\",scope=\"cluster\",source=\"cache\",subresource=\"\",verb=\"WATCH\"}"),
+        "{body}"
+    );
+    promtool_check_metrics(body);
     // SIGTERM: watches end cleanly, the process exits 0.
     let stopped = Instant::now();
     let status = std::process::Command::new("kill")
@@ -198,6 +214,79 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
     assert!(exit.success(), "{exit:?}");
     assert!(stopped.elapsed() < Duration::from_secs(10));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A plain HTTP/1.1 GET on the admin port: the whole response, or "" when
+/// the port does not answer yet.
+async fn admin_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return String::new();
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out
+}
+
+/// The metric families docs/metrics.md lists, less those it says appear
+/// with traffic only.
+fn documented_from_start() -> Vec<String> {
+    let doc = std::fs::read_to_string(root().join("docs/metrics.md")).unwrap();
+    let mut names: Vec<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`').map(|(name, _)| name.to_string()))
+        .filter(|n| n.starts_with("kube_cache_proxy_") || n.starts_with("process_"))
+        .filter(|n| {
+            n != "kube_cache_proxy_requests_total"
+                && n != "kube_cache_proxy_request_duration_seconds"
+        })
+        .collect();
+    names.dedup();
+    assert!(names.len() > 30, "{names:?}");
+    names
+}
+
+/// `promtool check metrics` on a scrape: its lint of names, types, help
+/// and units. Without promtool the check is skipped, unless
+/// `KUBE_CACHE_PROXY_REQUIRE_PROMTOOL` is set (CI sets it after
+/// installing promtool).
+fn promtool_check_metrics(scrape: &str) {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var_os("KUBE_CACHE_PROXY_REQUIRE_PROMTOOL").is_none(),
+                "promtool: {e}"
+            );
+            eprintln!("skipping promtool check metrics: promtool: {e}");
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{scrape}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]

@@ -157,7 +157,7 @@ async fn hollow_node_runs_through_the_proxy() {
             m,
             "kube_cache_proxy_requests_total",
             &[
-                ("verb", "watch"),
+                ("verb", "WATCH"),
                 ("resource", resource),
                 ("source", "cache"),
             ],
@@ -197,7 +197,7 @@ async fn hollow_node_runs_through_the_proxy() {
             &metrics,
             "kube_cache_proxy_requests_total",
             &[
-                ("verb", "watch"),
+                ("verb", "WATCH"),
                 ("resource", "pods"),
                 ("source", "upstream")
             ],
