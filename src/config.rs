@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The `apiVersion` a configuration file may declare.
 pub const API_VERSION: &str = "kubecacheproxy.io/v1alpha1";
@@ -44,7 +44,7 @@ impl ConfigError {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Config {
     /// Optional; when set must be [`API_VERSION`].
@@ -82,7 +82,7 @@ pub struct Config {
 }
 
 /// Client authentication.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct AuthenticationConfig {
     /// Requests without credentials.
@@ -92,7 +92,7 @@ pub struct AuthenticationConfig {
 }
 
 /// Anonymous requests.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct AnonymousConfig {
     /// Treat requests without credentials as `system:anonymous` in
@@ -109,7 +109,7 @@ impl Default for AnonymousConfig {
 }
 
 /// The TokenReview cache.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TokenReviewConfig {
     /// How long an authenticated token is trusted, in seconds (never past
@@ -135,7 +135,7 @@ impl Default for TokenReviewConfig {
 }
 
 /// Authorization of cached reads.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct AuthorizationConfig {
     /// The SubjectAccessReview decision cache.
@@ -143,7 +143,7 @@ pub struct AuthorizationConfig {
 }
 
 /// The SubjectAccessReview decision cache.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct SubjectAccessReviewConfig {
     /// How long an allowed decision is reused, in seconds. Default 5: a
@@ -169,7 +169,7 @@ impl Default for SubjectAccessReviewConfig {
 }
 
 /// The watch cache: which resources, and how reads behave.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct CacheConfig {
     /// Serve reads from the cache. `false` makes the proxy a pure
@@ -216,7 +216,7 @@ pub struct CacheConfig {
 }
 
 /// One cached resource (a GVR).
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CachedResource {
     /// API group; empty for the core group.
@@ -228,19 +228,19 @@ pub struct CachedResource {
     pub resource: String,
     /// Kind, e.g. `Pod`. Required for resources the proxy does not know
     /// (custom resources).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// Whether the resource is namespaced. Required for resources the proxy
     /// does not know.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespaced: Option<bool>,
     /// Upstream scope: a field selector the cache's list+watch uses, e.g.
     /// `spec.nodeName=${NODE_NAME}`. Requests whose field selector does not
     /// include it pass through.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field_selector: Option<String>,
     /// Overrides `cache.historyCapacity` for this resource.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history_capacity: Option<usize>,
 }
 
@@ -386,7 +386,7 @@ impl CachedResource {
 }
 
 /// Downstream TLS settings.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TlsConfig {
     /// PEM serving certificate chain. Required to serve.
@@ -411,7 +411,7 @@ pub struct TlsConfig {
 /// `serverTLSBootstrap`. The subject is the one the
 /// `kubernetes.io/kubelet-serving` signer requires:
 /// `CN=system:node:<nodeName>, O=system:nodes`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct CsrConfig {
     /// Obtain the serving certificate through the CSR API. Default false.
@@ -559,7 +559,7 @@ impl CsrConfig {
 }
 
 /// A TLS protocol version, named as kube-apiserver names them.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub enum TlsVersion {
     /// TLS 1.2.
     #[default]
@@ -569,7 +569,7 @@ pub enum TlsVersion {
 }
 
 /// `upstream.identity`.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub enum IdentityMode {
     /// The node's identity if the credential is a node's, else as given.
     #[default]
@@ -581,7 +581,7 @@ pub enum IdentityMode {
 }
 
 /// Upstream (kube-apiserver) settings.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct UpstreamConfig {
     /// Kubeconfig file for the apiserver. Unset: the in-cluster
@@ -679,6 +679,21 @@ impl Config {
             return Ok(Config::default());
         }
         serde_saphyr::from_str::<Config>(text).map_err(|e| e.to_string())
+    }
+
+    /// The default configuration as a YAML document, with `apiVersion` and
+    /// `kind` (what `--print-default-config` prints): serialized from
+    /// [`Config::default`], so it cannot drift from the code.
+    ///
+    /// # Errors
+    /// The serializer's message (none is expected).
+    pub fn default_yaml() -> Result<String, String> {
+        let config = Config {
+            api_version: Some(API_VERSION.to_string()),
+            kind: Some(KIND.to_string()),
+            ..Config::default()
+        };
+        serde_saphyr::to_string(&config).map_err(|e| e.to_string())
     }
 
     /// Applies command-line overrides.
@@ -931,6 +946,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("tls.certFile:"), "{err}");
+    }
+
+    #[test]
+    fn default_yaml_parses_back_to_the_defaults() {
+        let yaml = Config::default_yaml().unwrap();
+        assert!(
+            yaml.starts_with(
+                "apiVersion: kubecacheproxy.io/v1alpha1\nkind: KubeCacheProxyConfiguration\n"
+            ),
+            "{yaml}"
+        );
+        assert!(yaml.contains("clientCAFile:"), "{yaml}");
+        assert!(yaml.contains("minVersion: VersionTLS12"), "{yaml}");
+        let mut c = Config::from_yaml(&yaml).unwrap();
+        c.api_version = None;
+        c.kind = None;
+        assert_eq!(c, Config::default());
     }
 
     #[test]

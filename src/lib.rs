@@ -17,6 +17,7 @@ pub mod csr;
 pub mod demo;
 pub mod handler;
 pub mod identity;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod ready;
