@@ -294,8 +294,8 @@ const fn backoff(min: Duration, max: Duration) -> ExponentialBuilder {
 /// that broke): 0.5–1 s at first, 15–30 s at most.
 const TRANSIENT: ExponentialBuilder = backoff(Duration::from_millis(500), Duration::from_secs(15));
 /// A request the signer or an approver refused, or an unusable
-/// certificate: 1–2 s at first, 150–300 s at most.
-const REFUSED: ExponentialBuilder = backoff(Duration::from_secs(1), Duration::from_secs(150));
+/// certificate: 1.5–3 s at first, 150–300 s at most.
+const REFUSED: ExponentialBuilder = backoff(Duration::from_millis(1500), Duration::from_secs(150));
 
 /// The next delay (the backoffs above never run out).
 fn next_delay(backoff: &mut impl Iterator<Item = Duration>) -> Duration {
@@ -1294,11 +1294,11 @@ mod tests {
     fn backoff_grows_caps_and_resets() {
         let mut b = REFUSED.build();
         let d: Vec<_> = (0..10).map(|_| next_delay(&mut b).as_secs_f64()).collect();
-        assert!((1.0..2.0).contains(&d[0]), "{d:?}");
-        assert!((2.0..4.0).contains(&d[1]), "{d:?}");
+        assert!((1.5..3.0).contains(&d[0]), "{d:?}");
+        assert!((3.0..6.0).contains(&d[1]), "{d:?}");
         assert!((150.0..300.0).contains(&d[9]), "{d:?}");
         b = REFUSED.build();
-        assert!(next_delay(&mut b) < Duration::from_secs(2));
+        assert!(next_delay(&mut b) < Duration::from_secs(3));
         let mut t = TRANSIENT.build();
         assert!(next_delay(&mut t) < Duration::from_secs(1));
     }
