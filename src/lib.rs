@@ -123,6 +123,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
     let metrics = Metrics::new(prometheus::Registry::new())?;
+    // Every family is registered before the admin port serves a scrape.
+    let cache_metrics = cache::metrics::CacheMetrics::new(metrics.registry())?;
+    let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let readiness = Readiness::default();
     // With tls.csr, the certificate is the one the proxy obtains itself.
     let csr = csr::CsrManager::new(&config)?;
@@ -165,7 +168,6 @@ pub async fn run(
         csr.spawn(&upstream, &tls, &readiness, &token);
     }
 
-    let cache_metrics = cache::metrics::CacheMetrics::new(metrics.registry())?;
     let mut cache_config = config.cache.clone();
     identity
         .scope_caches(&mut cache_config)
@@ -175,7 +177,6 @@ pub async fn run(
         })?;
     let caches = cache::Caches::new(&cache_config, &config.node_name, &identity, &cache_metrics)?;
     caches.spawn_reflectors(&upstream, &readiness, &token);
-    let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let auth = auth::Auth::new(
         &upstream,
         &config.authentication,

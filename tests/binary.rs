@@ -389,12 +389,14 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    // Ready once every cache listed.
+    // Ready once every cache listed (the verbose body names the caches'
+    // checks: a /readyz answered before they are registered says nothing).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !admin_get(admin_port, "/readyz")
-        .await
-        .starts_with("HTTP/1.1 200")
-    {
+    loop {
+        let readyz = admin_get(admin_port, "/readyz?verbose").await;
+        if readyz.starts_with("HTTP/1.1 200") && readyz.contains("[+]cache:pods ok") {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
             "{} never became ready",
