@@ -3,23 +3,69 @@
 
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{IdentityMode, Overrides, TlsVersion};
+
+/// The exit statuses, as `--help` lists them (sysexits.h's `EX_USAGE` for
+/// anything the operator must fix in the command line or configuration).
+pub const EXIT_STATUSES: &str = "\
+Exit status:
+  0   stopped cleanly after SIGTERM or SIGINT (open connections drained); or
+      --help, --version, --print-default-config, a valid --validate-config
+  1   a runtime failure: a listener could not be bound (address in use,
+      permission), or an internal error
+  64  bad command line or configuration (EX_USAGE): an unknown flag or
+      value, an invalid or unreadable configuration file, a serving
+      certificate, key or client CA that cannot be loaded (missing, not
+      PEM, key not matching the certificate), an upstream kubeconfig that
+      cannot be loaded, upstream.identity Node without a node credential;
+      the message names the field or file
+
+Environment:
+  RUST_LOG   tracing filter directives; when set, they replace -v
+             (e.g. RUST_LOG=info,kube_cache_proxy::cache=debug)
+  NODE_NAME  default of --node-name (the downward API's spec.nodeName)
+  NO_COLOR   no colours in text logs (they are only used on a terminal)";
 
 /// A caching proxy for kube-apiserver: answers list, get and watch from a
 /// watch cache fed by one upstream list+watch per resource, and passes
 /// every other request through.
 #[derive(Debug, Parser)]
-#[command(name = "kube-cache-proxy", version, about, long_about = None)]
+#[command(name = "kube-cache-proxy", version, about, long_about = None, after_help = EXIT_STATUSES)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
     #[command(flatten)]
     pub serve: ServeArgs,
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub log_format: LogFormat,
+    /// Log format, as Kubernetes components' --logging-format: text (one
+    /// line per message; colours only on a terminal) or json (one JSON
+    /// object per line: ts, caller, msg, v, err and the message's fields).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text, global = true, alias = "log-format")]
+    pub logging_format: LogFormat,
+    /// Log verbosity, as klog's -v/--v: 0-3 informational messages (the
+    /// default, 0), 4-5 also debug, 6-7 also trace and the libraries'
+    /// debug, 8 and up everything. RUST_LOG, when set, overrides it.
+    #[arg(
+        short = 'v',
+        long = "v",
+        value_name = "LEVEL",
+        default_value_t = 0,
+        global = true
+    )]
+    pub v: u8,
+    /// Print the default configuration (every field with its default, as
+    /// YAML) and exit.
+    #[arg(long, conflicts_with_all = ["validate_config", "config"])]
+    pub print_default_config: bool,
+    /// Check FILE, with the other flags applied as when serving (fields and
+    /// values, and the files it names: certificate and key loaded and
+    /// matched, client CA, upstream kubeconfig), without binding or
+    /// connecting; exit 0 if the proxy would start, 64 (naming the field
+    /// or file) if not.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    pub validate_config: Option<PathBuf>,
 }
 
 /// Subcommands. Without one, the proxy serves.
@@ -33,10 +79,12 @@ pub enum Command {
     Demo(DemoArgs),
 }
 
-/// Log output format.
+/// Log output format (`--logging-format`).
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum LogFormat {
+    /// One human-readable line per message.
     Text,
+    /// One JSON object per line, with Kubernetes' keys.
     Json,
 }
 
@@ -64,8 +112,10 @@ pub struct ServeArgs {
     /// Context of the upstream kubeconfig. Unset: its current context.
     #[arg(long, value_name = "NAME")]
     pub upstream_context: Option<String>,
-    /// Who the proxy is upstream: Auto, Node or AsGiven (upstream.identity).
-    #[arg(long, value_name = "MODE", value_parser = parse_identity)]
+    /// Who the proxy is upstream (upstream.identity): Auto (the node when
+    /// the credential is a node's, else as given), Node (the node, or exit
+    /// 64), AsGiven.
+    #[arg(long, value_name = "MODE", value_parser = identity_parser())]
     pub upstream_identity: Option<IdentityMode>,
     /// PEM serving certificate (chain), like kube-apiserver's flag.
     #[arg(long, value_name = "FILE")]
@@ -77,8 +127,9 @@ pub struct ServeArgs {
     /// (CN = user, O = groups), like kube-apiserver's flag.
     #[arg(long, value_name = "FILE")]
     pub client_ca_file: Option<PathBuf>,
-    /// Lowest TLS version accepted.
-    #[arg(long, value_name = "VERSION", value_parser = parse_tls_version)]
+    /// Lowest TLS version accepted, named as kube-apiserver's
+    /// --tls-min-version names them. Default VersionTLS12.
+    #[arg(long, value_name = "VERSION", value_parser = tls_version_parser())]
     pub tls_min_version: Option<TlsVersion>,
     /// Seconds open connections may drain after SIGTERM. Default 30.
     #[arg(long, value_name = "SECONDS")]
@@ -104,14 +155,12 @@ pub struct DemoArgs {
     pub dir: Option<PathBuf>,
 }
 
-fn parse_tls_version(s: &str) -> Result<TlsVersion, String> {
-    match s {
-        "VersionTLS12" => Ok(TlsVersion::VersionTLS12),
-        "VersionTLS13" => Ok(TlsVersion::VersionTLS13),
-        _ => Err(format!(
-            "{s:?} is not a supported TLS version (VersionTLS12, VersionTLS13)"
-        )),
-    }
+/// `VersionTLS12` or `VersionTLS13`, listed by `--help`.
+fn tls_version_parser() -> impl clap::builder::TypedValueParser<Value = TlsVersion> {
+    PossibleValuesParser::new(["VersionTLS12", "VersionTLS13"]).map(|s| match s.as_str() {
+        "VersionTLS13" => TlsVersion::VersionTLS13,
+        _ => TlsVersion::VersionTLS12,
+    })
 }
 
 // === impl ServeArgs ===
@@ -136,11 +185,11 @@ impl ServeArgs {
     }
 }
 
-fn parse_identity(s: &str) -> Result<IdentityMode, String> {
-    match s {
-        "Auto" => Ok(IdentityMode::Auto),
-        "Node" => Ok(IdentityMode::Node),
-        "AsGiven" => Ok(IdentityMode::AsGiven),
-        other => Err(format!("{other:?}: expected Auto, Node or AsGiven")),
-    }
+/// `Auto`, `Node` or `AsGiven`, listed by `--help`.
+fn identity_parser() -> impl clap::builder::TypedValueParser<Value = IdentityMode> {
+    PossibleValuesParser::new(["Auto", "Node", "AsGiven"]).map(|s| match s.as_str() {
+        "Node" => IdentityMode::Node,
+        "AsGiven" => IdentityMode::AsGiven,
+        _ => IdentityMode::Auto,
+    })
 }

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The `apiVersion` a configuration file may declare.
 pub const API_VERSION: &str = "kubecacheproxy.io/v1alpha1";
@@ -44,7 +44,7 @@ impl ConfigError {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Config {
     /// Optional; when set must be [`API_VERSION`].
@@ -107,7 +107,7 @@ pub struct Config {
 /// Zero-downtime takeover (`takeover.rs`): a proxy started with the same
 /// configuration while another runs takes over its listening sockets once
 /// it is ready, and the running one drains.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TakeoverConfig {
     /// Unix socket a running proxy listens on for a successor (its
@@ -132,7 +132,7 @@ impl Default for TakeoverConfig {
 }
 
 /// Client authentication.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct AuthenticationConfig {
     /// Requests without credentials.
@@ -142,7 +142,7 @@ pub struct AuthenticationConfig {
 }
 
 /// Anonymous requests.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct AnonymousConfig {
     /// Treat requests without credentials as `system:anonymous` in
@@ -159,7 +159,7 @@ impl Default for AnonymousConfig {
 }
 
 /// The TokenReview cache.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TokenReviewConfig {
     /// How long an authenticated token is trusted, in seconds (never past
@@ -191,7 +191,7 @@ impl Default for TokenReviewConfig {
 }
 
 /// Authorization of cached reads.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct AuthorizationConfig {
     /// The SubjectAccessReview decision cache.
@@ -199,7 +199,7 @@ pub struct AuthorizationConfig {
 }
 
 /// The SubjectAccessReview decision cache.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct SubjectAccessReviewConfig {
     /// How long an allowed decision is reused, in seconds. Default 5: a
@@ -232,7 +232,7 @@ impl Default for SubjectAccessReviewConfig {
 }
 
 /// The watch cache: which resources, and how reads behave.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct CacheConfig {
     /// Serve reads from the cache. `false` makes the proxy a pure
@@ -288,7 +288,7 @@ pub struct CacheConfig {
 /// proxy serves from them at once and resumes each upstream watch from
 /// the snapshot's resourceVersion, listing only if the apiserver answers
 /// `410 Gone`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct PersistenceConfig {
     /// Directory of the snapshots, created 0700 if missing; files are
@@ -313,7 +313,7 @@ impl Default for PersistenceConfig {
 }
 
 /// One cached resource (a GVR).
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CachedResource {
     /// API group; empty for the core group.
@@ -325,19 +325,19 @@ pub struct CachedResource {
     pub resource: String,
     /// Kind, e.g. `Pod`. Required for resources the proxy does not know
     /// (custom resources).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// Whether the resource is namespaced. Required for resources the proxy
     /// does not know.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespaced: Option<bool>,
     /// Upstream scope: a field selector the cache's list+watch uses, e.g.
     /// `spec.nodeName=${NODE_NAME}`. Requests whose field selector does not
     /// include it pass through.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field_selector: Option<String>,
     /// Overrides `cache.historyCapacity` for this resource.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history_capacity: Option<usize>,
 }
 
@@ -490,7 +490,7 @@ impl CachedResource {
 }
 
 /// Downstream TLS settings.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TlsConfig {
     /// PEM serving certificate chain. Required to serve.
@@ -515,7 +515,7 @@ pub struct TlsConfig {
 /// `serverTLSBootstrap`. The subject is the one the
 /// `kubernetes.io/kubelet-serving` signer requires:
 /// `CN=system:node:<nodeName>, O=system:nodes`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct CsrConfig {
     /// Obtain the serving certificate through the CSR API. Default false.
@@ -663,7 +663,7 @@ impl CsrConfig {
 }
 
 /// A TLS protocol version, named as kube-apiserver names them.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub enum TlsVersion {
     /// TLS 1.2.
     #[default]
@@ -673,7 +673,7 @@ pub enum TlsVersion {
 }
 
 /// `upstream.identity`.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub enum IdentityMode {
     /// The node's identity if the credential is a node's, else as given.
     #[default]
@@ -685,7 +685,7 @@ pub enum IdentityMode {
 }
 
 /// Upstream (kube-apiserver) settings.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct UpstreamConfig {
     /// Kubeconfig file for the apiserver. Unset: the in-cluster
@@ -788,6 +788,21 @@ impl Config {
             return Ok(Config::default());
         }
         serde_saphyr::from_str::<Config>(text).map_err(|e| yaml_error(&e))
+    }
+
+    /// The default configuration as a YAML document, with `apiVersion` and
+    /// `kind` (what `--print-default-config` prints): serialized from
+    /// [`Config::default`], so it cannot drift from the code.
+    ///
+    /// # Errors
+    /// The serializer's message (none is expected).
+    pub fn default_yaml() -> Result<String, String> {
+        let config = Config {
+            api_version: Some(API_VERSION.to_string()),
+            kind: Some(KIND.to_string()),
+            ..Config::default()
+        };
+        serde_saphyr::to_string(&config).map_err(|e| e.to_string())
     }
 
     /// Applies command-line overrides.
@@ -1205,6 +1220,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("tls.certFile:"), "{err}");
+    }
+
+    #[test]
+    fn default_yaml_parses_back_to_the_defaults() {
+        let yaml = Config::default_yaml().unwrap();
+        assert!(
+            yaml.starts_with(
+                "apiVersion: kubecacheproxy.io/v1alpha1\nkind: KubeCacheProxyConfiguration\n"
+            ),
+            "{yaml}"
+        );
+        assert!(yaml.contains("clientCAFile:"), "{yaml}");
+        assert!(yaml.contains("minVersion: VersionTLS12"), "{yaml}");
+        let mut c = Config::from_yaml(&yaml).unwrap();
+        c.api_version = None;
+        c.kind = None;
+        assert_eq!(c, Config::default());
     }
 
     #[test]

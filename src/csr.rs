@@ -30,6 +30,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -277,35 +278,28 @@ fn timestamp(secs: i64) -> String {
     jiff::Timestamp::from_second(secs).map_or_else(|_| secs.to_string(), |t| t.to_string())
 }
 
-/// Exponential backoff with ±10 % jitter.
-#[derive(Debug)]
-struct Backoff {
-    initial: Duration,
-    max: Duration,
-    attempt: u32,
+/// Retry delays (the `backon` crate): a nominal delay doubling from
+/// `min` up to `max`, each plus a random jitter of up to 100 %, so many
+/// nodes retrying after one outage spread out. Rebuilt (reset) on success.
+const fn backoff(min: Duration, max: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(min)
+        .with_max_delay(max)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
 }
 
-impl Backoff {
-    fn new(initial: Duration, max: Duration) -> Backoff {
-        Backoff {
-            initial,
-            max,
-            attempt: 0,
-        }
-    }
+/// Failures that may pass by themselves (upstream unreachable, a watch
+/// that broke): 0.5–1 s at first, 15–30 s at most.
+const TRANSIENT: ExponentialBuilder = backoff(Duration::from_millis(500), Duration::from_secs(15));
+/// A request the signer or an approver refused, or an unusable
+/// certificate: 1.5–3 s at first, 150–300 s at most.
+const REFUSED: ExponentialBuilder = backoff(Duration::from_millis(1500), Duration::from_secs(150));
 
-    fn next(&mut self) -> Duration {
-        let nominal = self
-            .initial
-            .saturating_mul(2u32.saturating_pow(self.attempt.min(16)))
-            .min(self.max);
-        self.attempt = self.attempt.saturating_add(1);
-        nominal.mul_f64(0.9 + 0.2 * fastrand::f64())
-    }
-
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
+/// The next delay (the backoffs above never run out).
+fn next_delay(backoff: &mut impl Iterator<Item = Duration>) -> Duration {
+    backoff.next().unwrap_or(Duration::from_secs(300))
 }
 
 /// The CSR-managed serving certificate: what was found on disk, and the
@@ -620,8 +614,8 @@ struct Task {
 
 impl Task {
     async fn run(mut self) {
-        let mut transient = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-        let mut refused = Backoff::new(Duration::from_secs(2), Duration::from_secs(300));
+        let mut transient = TRANSIENT.build();
+        let mut refused = REFUSED.build();
         // A certificate that does not match the configuration is replaced
         // once per run, not in a loop (the signer may alter names).
         let mut requested = false;
@@ -662,14 +656,16 @@ impl Task {
                         "serving the issued certificate"
                     );
                     self.manager.served = Some(served);
-                    transient.reset();
-                    refused.reset();
+                    transient = TRANSIENT.build();
+                    refused = REFUSED.build();
                     self.set_note("issued");
                 }
                 Err(error) => {
                     let delay = match error {
-                        CsrError::Refused { .. } | CsrError::Unusable { .. } => refused.next(),
-                        _ => transient.next(),
+                        CsrError::Refused { .. } | CsrError::Unusable { .. } => {
+                            next_delay(&mut refused)
+                        }
+                        _ => next_delay(&mut transient),
                     };
                     tracing::warn!(
                         %error,
@@ -862,7 +858,7 @@ impl Task {
         mut csr: CertificateSigningRequest,
     ) -> Result<Vec<u8>, CsrError> {
         let signer = &self.manager.signer_name;
-        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        let mut backoff = TRANSIENT.build();
         let mut rounds = 0u32;
         loop {
             match outcome(&csr) {
@@ -897,19 +893,19 @@ impl Task {
             match self.watch(name, &rv).await {
                 Ok(Some(next)) => {
                     csr = next;
-                    backoff.reset();
+                    backoff = TRANSIENT.build();
                     continue;
                 }
                 // A watch that ends at once (410 Expired) is retried from a
                 // fresh get, but not in a tight loop.
                 Ok(None) if started.elapsed() < Duration::from_secs(1) => {
-                    tokio::time::sleep(backoff.next()).await;
+                    tokio::time::sleep(next_delay(&mut backoff)).await;
                 }
-                Ok(None) => backoff.reset(),
+                Ok(None) => backoff = TRANSIENT.build(),
                 Err(e @ CsrError::Gone(_)) => return Err(e),
                 Err(error) => {
                     tracing::warn!(csr = name, %error, "watching the CSR failed; polling it");
-                    tokio::time::sleep(backoff.next()).await;
+                    tokio::time::sleep(next_delay(&mut backoff)).await;
                 }
             }
             csr = self.get(name).await?;
@@ -1295,13 +1291,15 @@ mod tests {
     }
 
     #[test]
-    fn backoff_grows_and_caps() {
-        let mut b = Backoff::new(Duration::from_secs(2), Duration::from_secs(10));
-        let d: Vec<_> = (0..5).map(|_| b.next().as_secs_f64()).collect();
-        assert!((1.8..=2.2).contains(&d[0]), "{d:?}");
-        assert!((3.6..=4.4).contains(&d[1]), "{d:?}");
-        assert!((9.0..=11.0).contains(&d[4]), "{d:?}");
-        b.reset();
-        assert!(b.next() <= Duration::from_millis(2200));
+    fn backoff_grows_caps_and_resets() {
+        let mut b = REFUSED.build();
+        let d: Vec<_> = (0..10).map(|_| next_delay(&mut b).as_secs_f64()).collect();
+        assert!((1.5..3.0).contains(&d[0]), "{d:?}");
+        assert!((3.0..6.0).contains(&d[1]), "{d:?}");
+        assert!((150.0..300.0).contains(&d[9]), "{d:?}");
+        b = REFUSED.build();
+        assert!(next_delay(&mut b) < Duration::from_secs(3));
+        let mut t = TRANSIENT.build();
+        assert!(next_delay(&mut t) < Duration::from_secs(1));
     }
 }

@@ -24,7 +24,7 @@ use crate::cache::Caches;
 use crate::cache::resource::ResourceCache;
 use crate::cache::serve::{Answer, Read, serve};
 use crate::identity::{Identity, NodeCredential};
-use crate::metrics::{Metrics, Source};
+use crate::metrics::{Metrics, RequestLabels, Source};
 use crate::proxy;
 use crate::request::RequestInfo;
 use crate::status::Status;
@@ -113,6 +113,13 @@ impl Handler {
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let start = Instant::now();
         let info = RequestInfo::parse(req.method(), req.uri().path(), req.uri().query());
+        let labels = RequestLabels::of(
+            req.method(),
+            req.uri().query(),
+            req.headers(),
+            &info,
+            self.known_resources.contains(&info.resource),
+        );
         let span = tracing::debug_span!(
             "request",
             k8s.verb = %info.verb,
@@ -124,7 +131,7 @@ impl Handler {
         if extra_space {
             warn_extra_space(&mut resp);
         }
-        self.observe(&info, &resp, source, start);
+        self.observe(&labels, &resp, source, start);
         resp
     }
 
@@ -368,37 +375,29 @@ impl Handler {
         Ok(out)
     }
 
-    fn observe(&self, info: &RequestInfo, resp: &Response<Body>, source: Source, start: Instant) {
-        let resource = if !info.is_resource_request {
-            ""
-        } else if self.known_resources.contains(&info.resource) {
-            info.resource.as_str()
-        } else {
-            "other"
-        };
-        let verb = match info.verb.as_str() {
-            v @ ("get" | "list" | "watch" | "create" | "update" | "patch" | "delete"
-            | "deletecollection" | "proxy" | "head" | "post" | "put" | "options") => v,
-            _ => "other",
-        };
-        let group = if info.is_resource_request && self.known_resources.contains(&info.resource) {
-            info.api_group.as_str()
-        } else {
-            ""
-        };
+    fn observe(&self, l: &RequestLabels, resp: &Response<Body>, source: Source, start: Instant) {
         self.metrics
             .requests
             .with_label_values(&[
-                verb,
-                group,
-                resource,
+                l.verb,
+                &l.group,
+                &l.resource,
+                &l.subresource,
+                l.scope,
                 resp.status().as_str(),
                 source.as_str(),
             ])
             .inc();
         self.metrics
             .request_duration
-            .with_label_values(&[verb, resource, source.as_str()])
+            .with_label_values(&[
+                l.verb,
+                &l.group,
+                &l.resource,
+                &l.subresource,
+                l.scope,
+                source.as_str(),
+            ])
             .observe(start.elapsed().as_secs_f64());
     }
 }

@@ -18,6 +18,7 @@ pub mod csr;
 pub mod demo;
 pub mod handler;
 pub mod identity;
+pub mod logging;
 pub mod metrics;
 pub mod metrics_listener;
 pub mod proxy;
@@ -148,9 +149,9 @@ impl Listeners {
     /// The listeners the binary serves on, in order of preference: taken
     /// over from a running proxy (`takeover.socketPath`); passed by
     /// systemd socket activation (`LISTEN_FDS`: the API socket, the admin
-    /// one, then the metrics one if `metricsListen` is set); or bound,
-    /// retrying for up to a minute while another process (a predecessor
-    /// that cannot hand over) holds an address.
+    /// one, then the metrics one if `metricsListen` is set); or bound
+    /// (with takeover configured, retrying for up to a minute while a
+    /// predecessor that cannot hand over holds an address).
     ///
     /// # Errors
     /// [`RunError::Bind`], [`RunError::Config`], or [`RunError::Takeover`]
@@ -216,11 +217,16 @@ impl Listeners {
                 predecessor: None,
             });
         }
+        // With takeover configured, an address in use is a predecessor that
+        // cannot hand over (an older version, during a surge rollout): it
+        // is about to be stopped.
+        let retry = config.takeover.socket_path.is_some();
         let deadline = tokio::time::Instant::now() + BIND_RETRY;
         loop {
             match Listeners::bind(config).await {
                 Err(RunError::Bind { addr, source })
-                    if source.kind() == std::io::ErrorKind::AddrInUse
+                    if retry
+                        && source.kind() == std::io::ErrorKind::AddrInUse
                         && tokio::time::Instant::now() < deadline =>
                 {
                     tracing::warn!(%addr, "address in use; waiting for it");
@@ -251,6 +257,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
     let metrics = Metrics::new(prometheus::Registry::new())?;
+    // Every family is registered before the admin port serves a scrape.
+    let cache_metrics = cache::metrics::CacheMetrics::new(metrics.registry())?;
+    let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let readiness = Readiness::default();
     // With tls.csr, the certificate is the one the proxy obtains itself.
     let csr = csr::CsrManager::new(&config)?;
@@ -323,7 +332,6 @@ pub async fn run(
         csr.spawn(&upstream, &tls, &readiness, &token);
     }
 
-    let cache_metrics = cache::metrics::CacheMetrics::new(metrics.registry())?;
     let mut cache_config = config.cache.clone();
     identity
         .scope_caches(&mut cache_config)
@@ -340,7 +348,6 @@ pub async fn run(
             caches.iter().cloned().collect(),
         ))
     });
-    let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let Listeners {
         api,
         admin: admin_listener,

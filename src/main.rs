@@ -1,15 +1,20 @@
-//! The `kube-cache-proxy` binary: parse flags, load and validate the
-//! configuration (exit 64 on error, before any socket is bound), run until
-//! SIGTERM or SIGINT.
+//! The `kube-cache-proxy` binary: parse flags, load and check the
+//! configuration (exit 64 on a bad one, before any socket is bound), run
+//! until SIGTERM or SIGINT. `--help` lists every exit status
+//! ([`kube_cache_proxy::cli::EXIT_STATUSES`]).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use kube_cache_proxy::cli::{Cli, Command, LogFormat, ServeArgs};
+use kube_cache_proxy::cli::{Cli, Command, ServeArgs};
 use kube_cache_proxy::config::Config;
+use kube_cache_proxy::identity::Identity;
+use kube_cache_proxy::tls::ServerTls;
+use kube_cache_proxy::upstream::{self, Upstream, UpstreamError};
 use kube_cache_proxy::{Listeners, RunError};
 
-/// `EX_USAGE` from sysexits.h: the configuration or the command line is wrong.
+/// `EX_USAGE` from sysexits.h: the command line or the configuration is
+/// wrong; the operator must fix it (restarting will not help).
 const EXIT_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
@@ -25,7 +30,19 @@ fn main() -> ExitCode {
             };
         }
     };
-    init_tracing(cli.log_format);
+    if cli.print_default_config {
+        return match Config::default_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("kube-cache-proxy: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    kube_cache_proxy::logging::init(cli.logging_format, cli.v);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -42,16 +59,17 @@ fn main() -> ExitCode {
             .block_on(kube_cache_proxy::demo::run(args, shutdown_signal()))
             .map_err(anyhow::Error::from),
         Some(Command::Serve(args)) => runtime.block_on(serve(args)),
-        None => runtime.block_on(serve(cli.serve)),
+        None => match cli.validate_config {
+            Some(file) => runtime.block_on(validate(file, cli.serve)),
+            None => runtime.block_on(serve(cli.serve)),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // RunError messages already carry their causes.
             eprintln!("kube-cache-proxy: {e}");
-            let usage = e
-                .downcast_ref::<RunError>()
-                .is_some_and(|e| matches!(e, RunError::Config(_)));
+            let usage = e.downcast_ref::<RunError>().is_some_and(is_configuration);
             if usage {
                 ExitCode::from(EXIT_USAGE)
             } else {
@@ -61,15 +79,81 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+/// Whether the operator must fix the configuration (exit 64): the file or
+/// flags, or the TLS material and kubeconfig they name. Binding and
+/// metrics errors are runtime failures (exit 1).
+fn is_configuration(e: &RunError) -> bool {
+    match e {
+        RunError::Config(_) | RunError::Tls(_) => true,
+        RunError::Upstream(e) => matches!(e, UpstreamError::Config(_)),
+        RunError::Bind { .. } | RunError::Metrics(_) | RunError::Takeover(_) => false,
+    }
+}
+
+/// The configuration from `--config` (or the defaults) with the flags
+/// applied, validated field by field.
+fn load(args: &ServeArgs) -> Result<Config, RunError> {
     let mut config = match &args.config {
-        Some(path) => Config::from_file(path).map_err(RunError::Config)?,
+        Some(path) => Config::from_file(path)?,
         None => Config::default(),
     };
     config.apply(&args.overrides());
-    config.validate().map_err(RunError::Config)?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Loads what the configuration names, as `run` will, without binding or
+/// connecting: the serving certificate and key (matched), the client CA,
+/// the upstream kubeconfig and the identity it gives. With `tls.csr` the
+/// serving certificate is obtained at run time; its section is validated.
+async fn check(config: &Config) -> Result<(), RunError> {
+    if !config.tls.csr.enabled {
+        ServerTls::load(&config.tls)?;
+    }
+    let kube_config = upstream::load_kube_config(
+        config.upstream.kubeconfig.as_deref(),
+        config.upstream.context.clone(),
+    )
+    .await?;
+    // client-go refuses a certificate authority it cannot parse ("unable
+    // to load root certificates"); kube would trust nothing and fail every
+    // request instead.
+    if kube_config.root_cert.as_ref().is_some_and(Vec::is_empty) {
+        return Err(UpstreamError::Config(format!(
+            "{}: the certificate authority holds no PEM certificate",
+            config.upstream.kubeconfig.as_deref().map_or_else(
+                || "in-cluster ca.crt".to_string(),
+                |p| p.display().to_string()
+            )
+        ))
+        .into());
+    }
+    Identity::detect(&kube_config, config.upstream.identity, &config.node_name)
+        .map_err(UpstreamError::Config)?;
+    Upstream::new(
+        &kube_config,
+        std::time::Duration::from_secs(config.upstream.connect_timeout_seconds),
+        std::time::Duration::from_secs(config.upstream.idle_timeout_seconds),
+    )?;
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = load(&args)?;
+    // Everything the operator could have got wrong fails here, before any
+    // socket is bound.
+    check(&config).await?;
     let listeners = Listeners::acquire(&config).await?;
     kube_cache_proxy::run(listeners, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// `--validate-config FILE`: the checks `serve` makes before binding.
+async fn validate(file: std::path::PathBuf, mut args: ServeArgs) -> anyhow::Result<()> {
+    args.config = Some(file.clone());
+    let config = load(&args)?;
+    check(&config).await?;
+    println!("{}: valid", file.display());
     Ok(())
 }
 
@@ -93,17 +177,5 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }

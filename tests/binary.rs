@@ -48,7 +48,16 @@ fn help_documents_every_flag() {
         "--tls-min-version",
         "--shutdown-grace-period-seconds",
         "--node-name",
-        "--log-format",
+        "--logging-format",
+        "-v, --v <LEVEL>",
+        "--print-default-config",
+        "--validate-config",
+        // Accepted values, and what is not a flag.
+        "VersionTLS12, VersionTLS13",
+        "Auto, Node, AsGiven",
+        "RUST_LOG",
+        "Exit status:",
+        "  64  ",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
@@ -153,12 +162,12 @@ fn configuration_errors_never_print_the_file() {
         (
             &["--upstream-kubeconfig".as_ref(), key.as_os_str()],
             "line 1, column 1",
-            Some(1),
+            Some(64),
         ),
         (
             &["--upstream-kubeconfig".as_ref(), bad_kubeconfig.as_os_str()],
             "line 7",
-            Some(1),
+            Some(64),
         ),
     ];
     for (args, position, code) in cases {
@@ -176,6 +185,243 @@ fn configuration_errors_never_print_the_file() {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The status of a run that should end by itself, and what it printed on
+/// stderr; a run still going after 20 s is killed and fails the test.
+fn run_status(args: &[&std::ffi::OsStr]) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = std::process::Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} still running after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code(), stderr)
+}
+
+/// Every exit status `--help` documents, through the real binary: 64 for
+/// what the operator must fix (including TLS material and kubeconfigs the
+/// configuration names), 1 for a runtime failure.
+#[tokio::test]
+async fn exit_statuses_are_what_help_says() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = support::env::tempdir();
+    let ca = Ca::new("exit-test").unwrap();
+    let serving = ca
+        .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let cert = write("tls.crt", &serving.cert_pem);
+    let key = write("tls.key", &serving.key_pem);
+    let other = ca.issue_server(&["other"], &[]).unwrap();
+    let other_key = write("other.key", &other.key_pem);
+    let kubeconfig = write(
+        "upstream.kubeconfig",
+        &sim.kubeconfig(&SimConfig::default().proxy_user, None),
+    );
+    let garbage = write(
+        "garbage.kubeconfig",
+        "clusters: [this is not: a kubeconfig\n",
+    );
+    let bad_ca = write(
+        "bad-ca.kubeconfig",
+        &kube_cache_proxy::kubeconfig::with_token(&sim.url(), "not a certificate", "t"),
+    );
+    let config = write("config.yaml", "");
+    let os = |s: &std::path::Path| s.as_os_str().to_owned();
+    let base = |cert: &Path, key: &Path, kubeconfig: &Path| -> Vec<std::ffi::OsString> {
+        vec![
+            "--config".into(),
+            os(&config),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--admin-listen".into(),
+            "127.0.0.1:0".into(),
+            "--tls-cert-file".into(),
+            os(cert),
+            "--tls-private-key-file".into(),
+            os(key),
+            "--upstream-kubeconfig".into(),
+            os(kubeconfig),
+        ]
+    };
+    let refs = |v: &[std::ffi::OsString]| -> Vec<std::ffi::OsString> { v.to_vec() };
+    let cases: Vec<(&str, Vec<std::ffi::OsString>, &str)> = vec![
+        (
+            "swapped certificate and key",
+            base(&key, &cert, &kubeconfig),
+            "tls.key: no PEM certificate",
+        ),
+        (
+            "a key of another certificate",
+            base(&cert, &other_key, &kubeconfig),
+            "other.key",
+        ),
+        (
+            "a kubeconfig that is not one",
+            base(&cert, &key, &garbage),
+            "garbage.kubeconfig",
+        ),
+        (
+            "a kubeconfig with a bad CA",
+            base(&cert, &key, &bad_ca),
+            "upstream",
+        ),
+        (
+            "identity Node with a credential that is no node's",
+            [
+                refs(&base(&cert, &key, &kubeconfig)),
+                vec!["--upstream-identity".into(), "Node".into()],
+            ]
+            .concat(),
+            "node",
+        ),
+        (
+            "an unknown value",
+            vec!["--tls-min-version".into(), "VersionTLS11".into()],
+            "VersionTLS12",
+        ),
+    ];
+    for (what, args, names) in &cases {
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let (code, stderr) = run_status(&args);
+        assert_eq!(code, Some(64), "{what}: {stderr}");
+        assert!(stderr.contains(names), "{what}: {stderr}");
+        // --validate-config says the same, without starting.
+        if args.first().is_some_and(|a| *a == "--config") {
+            let mut v: Vec<&std::ffi::OsStr> = args.clone();
+            v[0] = std::ffi::OsStr::new("--validate-config");
+            let (code, _) = run_status(&v);
+            assert_eq!(code, Some(64), "--validate-config: {what}");
+        }
+    }
+    // The same files, right: valid.
+    let good = base(&cert, &key, &kubeconfig);
+    let mut v: Vec<&std::ffi::OsStr> = good.iter().map(|a| a.as_os_str()).collect();
+    v[0] = std::ffi::OsStr::new("--validate-config");
+    let (code, stderr) = run_status(&v);
+    assert_eq!(code, Some(0), "{stderr}");
+    // A listener that cannot be bound is a runtime failure: 1.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = format!("127.0.0.1:{}", taken.local_addr().unwrap().port());
+    let mut args = good.clone();
+    args[3] = port.into();
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let (code, stderr) = run_status(&args);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("binding"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--print-default-config` prints what `Config::default()` holds; with
+/// the files filled in, `--validate-config` accepts it. Every shipped
+/// configuration file validates with the files a node would have.
+#[tokio::test]
+async fn default_and_shipped_configurations_validate() {
+    let out = std::process::Command::new(BIN)
+        .arg("--print-default-config")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let mut parsed = kube_cache_proxy::config::Config::from_yaml(&printed).unwrap();
+    parsed.api_version = None;
+    parsed.kind = None;
+    assert_eq!(parsed, kube_cache_proxy::config::Config::default());
+
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = support::env::tempdir();
+    let ca = Ca::new("validate-test").unwrap();
+    let serving = ca
+        .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let default_file = write("default.yaml", &printed);
+    let cert = write("tls.crt", &serving.cert_pem);
+    let key = write("tls.key", &serving.key_pem);
+    let client_ca = write("client-ca.crt", &sim.ca_pem());
+    // A node's credential, for the configurations that act as the node.
+    let kubeconfig = write(
+        "upstream.kubeconfig",
+        &sim.kubeconfig("system:node:node-1", Some("system:nodes")),
+    );
+    let mut files = vec![default_file];
+    for dir in ["config", "manifests"] {
+        for entry in walk(&root().join(dir)) {
+            let is_config = entry.extension().is_some_and(|e| e == "yaml")
+                && std::fs::read_to_string(&entry)
+                    .unwrap()
+                    .lines()
+                    .any(|l| l == "kind: KubeCacheProxyConfiguration");
+            if is_config {
+                files.push(entry);
+            }
+        }
+    }
+    assert!(files.len() >= 5, "{files:?}");
+    for file in files {
+        let out = std::process::Command::new(BIN)
+            .arg("--validate-config")
+            .arg(&file)
+            .args(["--node-name", "node-1", "--client-ca-file"])
+            .arg(&client_ca)
+            .arg("--tls-cert-file")
+            .arg(&cert)
+            .arg("--tls-private-key-file")
+            .arg(&key)
+            .arg("--upstream-kubeconfig")
+            .arg(&kubeconfig)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }
 
 /// Runs the binary with `config` and overrides for what only exists on a
@@ -216,23 +462,17 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .arg(&upstream)
         .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    // Ready once every cache listed.
+    // Ready once every cache listed (the verbose body names the caches'
+    // checks: a /readyz answered before they are registered says nothing).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", admin_port)).await {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut out = String::new();
-            let _ = s.read_to_string(&mut out).await;
-            if out.starts_with("HTTP/1.1 200") {
-                break;
-            }
+        let readyz = admin_get(admin_port, "/readyz?verbose").await;
+        if readyz.starts_with("HTTP/1.1 200") && readyz.contains("[+]cache:pods ok") {
+            break;
         }
         assert!(
             Instant::now() < deadline,
@@ -240,6 +480,17 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
             config.display()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every series docs/metrics.md says is present from start is, before
+    // any request.
+    let scrape = admin_get(admin_port, "/metrics").await;
+    for family in documented_from_start() {
+        assert!(
+            scrape.contains(&format!("\n{family}{{"))
+                || scrape.contains(&format!("\n{family} "))
+                || scrape.contains(&format!("\n{family}_bucket{{")),
+            "{family} is documented but not exported at start:\n{scrape}"
+        );
     }
     let client = Client::new(
         &format!("https://127.0.0.1:{port}"),
@@ -254,6 +505,19 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .watch("/api/v1/namespaces?watch=1&resourceVersion=0", &[])
         .await;
     assert_eq!(w.status, 200);
+    let r = client.get("/version").await;
+    assert_eq!(r.status, 200);
+    // The scrape, with requests counted, is what promtool accepts.
+    let scrape = admin_get(admin_port, "/metrics").await;
+    let body = scrape
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert!(
+        body.contains("kube_cache_proxy_requests_total{code=\"200\",group=\"\",resource=\"namespaces\",scope=\"cluster\",source=\"cache\",subresource=\"\",verb=\"WATCH\"}"),
+        "{body}"
+    );
+    promtool_check_metrics(body);
     // SIGTERM: watches end cleanly, the process exits 0.
     let stopped = Instant::now();
     let status = std::process::Command::new("kill")
@@ -274,7 +538,105 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .unwrap();
     assert!(exit.success(), "{exit:?}");
     assert!(stopped.elapsed() < Duration::from_secs(10));
+    // The logs, on a pipe: no colour codes; with --logging-format=json one
+    // flat JSON object per line, Kubernetes' keys.
+    let mut logs = String::new();
+    {
+        use tokio::io::AsyncReadExt;
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut logs)
+            .await
+            .unwrap();
+    }
+    assert!(logs.contains("serving"), "{logs}");
+    assert!(!logs.contains('\x1b'), "colour codes on a pipe:\n{logs}");
+    if extra.contains(&"--logging-format=json") {
+        for line in logs.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert!(v["msg"].is_string() && v["ts"].is_f64(), "{line}");
+            assert!(
+                v.get("fields").is_none() && v.get("message").is_none(),
+                "{line}"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A plain HTTP/1.1 GET on the admin port: the whole response, or "" when
+/// the port does not answer yet.
+async fn admin_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return String::new();
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out
+}
+
+/// The metric families docs/metrics.md lists, less those it says appear
+/// with traffic only.
+fn documented_from_start() -> Vec<String> {
+    let doc = std::fs::read_to_string(root().join("docs/metrics.md")).unwrap();
+    let mut names: Vec<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`').map(|(name, _)| name.to_string()))
+        .filter(|n| n.starts_with("kube_cache_proxy_") || n.starts_with("process_"))
+        .filter(|n| {
+            n != "kube_cache_proxy_requests_total"
+                && n != "kube_cache_proxy_request_duration_seconds"
+        })
+        .collect();
+    names.dedup();
+    assert!(names.len() > 30, "{names:?}");
+    names
+}
+
+/// `promtool check metrics` on a scrape: its lint of names, types, help
+/// and units. Without promtool the check is skipped, unless
+/// `KUBE_CACHE_PROXY_REQUIRE_PROMTOOL` is set (CI sets it after
+/// installing promtool).
+fn promtool_check_metrics(scrape: &str) {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var_os("KUBE_CACHE_PROXY_REQUIRE_PROMTOOL").is_none(),
+                "promtool: {e}"
+            );
+            eprintln!("skipping promtool check metrics: promtool: {e}");
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{scrape}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]
@@ -291,7 +653,13 @@ async fn runs_with_the_daemonset_configuration() {
     // (the_binary_runs_with_the_daemonset_configuration_as_its_node).
     run_with_shipped_config(
         &root().join("manifests/kube-cache-proxy.yaml"),
-        &["--node-name", "node-1", "--upstream-identity", "AsGiven"],
+        &[
+            "--node-name",
+            "node-1",
+            "--upstream-identity",
+            "AsGiven",
+            "--logging-format=json",
+        ],
     )
     .await;
 }

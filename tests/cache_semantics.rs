@@ -82,7 +82,7 @@ async fn reads_reflect_writes_that_went_through_the_proxy() {
             .await;
         assert!(names(&list.json()).contains(&name));
     }
-    assert!(metric(&env, "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"\",resource=\"configmaps\",source=\"cache\",verb=\"list\"}").await >= 10.0);
+    assert!(metric(&env, "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"\",resource=\"configmaps\",source=\"cache\",verb=\"LIST\"}").await >= 10.0);
 }
 
 #[tokio::test]
@@ -115,7 +115,7 @@ async fn consistent_reads_cost_upstream_nothing_extra() {
     assert!(
         metric(
             &env,
-            "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"consistent get\",resource=\"configmaps\",source=\"upstream\",verb=\"get\"}"
+            "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"consistent_get\",resource=\"configmaps\",source=\"upstream\",verb=\"GET\"}"
         )
         .await
             >= 5.0
@@ -464,7 +464,7 @@ async fn reads_wait_for_the_first_list_then_pass_through_and_readyz_says_why() {
     assert!(
         metric(
             &env,
-            "kube_cache_proxy_cache_reads_total{group=\"example.com\",reason=\"not ready\""
+            "kube_cache_proxy_cache_reads_total{group=\"example.com\",reason=\"not_ready\""
         )
         .await
             >= 1.0

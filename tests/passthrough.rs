@@ -190,6 +190,12 @@ async fn upgrade_round_trip() {
             .unwrap();
         assert_eq!(buf, msg);
     }
+    // Counted as kube-apiserver counts it: CONNECT, subresource exec.
+    let (_, metrics) = env.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("kube_cache_proxy_requests_total{code=\"101\",group=\"\",resource=\"pods\",scope=\"resource\",source=\"upstream\",subresource=\"exec\",verb=\"CONNECT\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -355,7 +361,7 @@ async fn admin_endpoints() {
     c.get("/api/v1/namespaces/ns1/configmaps").await;
     let (status, metrics) = env.admin_get("/metrics").await;
     assert_eq!(status, 200);
-    assert!(metrics.contains("kube_cache_proxy_requests_total{code=\"200\",group=\"\",resource=\"configmaps\",source=\"upstream\",verb=\"list\"} 1"), "{metrics}");
+    assert!(metrics.contains("kube_cache_proxy_requests_total{code=\"200\",group=\"\",resource=\"configmaps\",scope=\"namespace\",source=\"upstream\",subresource=\"\",verb=\"LIST\"} 1"), "{metrics}");
     assert!(metrics.contains("kube_cache_proxy_request_duration_seconds_bucket"));
     assert!(metrics.contains("kube_cache_proxy_ready 1"), "{metrics}");
     let expiry = metrics

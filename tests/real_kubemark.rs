@@ -37,7 +37,11 @@ fn requests(metrics: &str, verb: &str, resource: &str, source: &str) -> f64 {
     metric_sum(
         metrics,
         "kube_cache_proxy_requests_total",
-        &[("verb", verb), ("resource", resource), ("source", source)],
+        &[
+            ("verb", verb.to_uppercase().as_str()),
+            ("resource", resource),
+            ("source", source),
+        ],
     )
 }
 

@@ -54,6 +54,17 @@ impl AuthMetrics {
                 &["source"],
             )?,
         };
+        // Every label set is known: exported from start, at zero.
+        for source in ["cache", "upstream"] {
+            for result in ["authenticated", "unauthenticated", "error"] {
+                m.authentication.with_label_values(&[result, source]);
+            }
+            for result in ["allowed", "denied", "error"] {
+                m.authorization.with_label_values(&[result, source]);
+            }
+            m.authentication_duration.with_label_values(&[source]);
+            m.authorization_duration.with_label_values(&[source]);
+        }
         registry.register(Box::new(m.authentication.clone()))?;
         registry.register(Box::new(m.authentication_duration.clone()))?;
         registry.register(Box::new(m.authorization.clone()))?;

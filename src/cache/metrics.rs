@@ -1,10 +1,66 @@
 //! Watch-cache metrics, per resource (labels `group`, `resource`).
+//!
+//! Every label set known when a resource's cache is created is exported
+//! from then on, at zero: the restart, event, termination, probe and
+//! cache-read counters, and the read-wait histograms.
 
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 const NS: &str = "kube_cache_proxy";
+
+/// `reason` values of `upstream_watch_restarts_total`.
+pub const WATCH_RESTART_REASONS: &[&str] = &["closed", "error", "expired"];
+/// `type` values of `cache_events_received_total`: the watch event types.
+pub const EVENT_TYPES: &[&str] = &["ADDED", "MODIFIED", "DELETED", "BOOKMARK"];
+/// `reason` values of `cache_watchers_terminated_total`.
+pub const TERMINATION_REASONS: &[&str] = &["slow", "history_overrun", "reset"];
+/// `kind` values of `cache_read_wait_seconds`.
+pub const READ_WAIT_KINDS: &[&str] = &["consistent", "not_older_than", "ready"];
+/// `result` values of `cache_consistency_probes_total`.
+pub const PROBE_RESULTS: &[&str] = &["ok", "error"];
+/// `verb` values of `cache_reads_total`, as kube-apiserver names them.
+pub const READ_VERBS: &[&str] = &["GET", "LIST", "WATCH"];
+
+/// A cache read's verb as kube-apiserver's metrics name it (`GET`, `LIST`,
+/// `WATCH`).
+fn read_verb(verb: &str) -> &'static str {
+    match verb {
+        "get" => "GET",
+        "list" => "LIST",
+        "watch" => "WATCH",
+        _ => "other",
+    }
+}
+
+/// A pass-through reason as a label value: snake_case, like every label
+/// value the proxy exports (`not fresh` → `not_fresh`, `resourceVersion
+/// older than the cache` → `resource_version_older_than_the_cache`).
+pub fn reason_label(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len() + 4);
+    for c in reason.chars() {
+        if c.is_ascii_uppercase() {
+            if !out.is_empty() && !out.ends_with('_') {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else if c == ' ' || c == '-' {
+            out.push('_');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `cache_snapshots_total`'s operations and their results.
+const SNAPSHOT_RESULTS: &[(&str, &[&str])] = &[
+    ("load", &["loaded", "absent", "discarded", "error"]),
+    ("save", &["saved", "too_large", "error"]),
+];
+/// `upstream_watches`' kinds.
+const UPSTREAM_WATCH_KINDS: [&str; 2] = ["reflector", "progress"];
 
 /// The metric families.
 #[derive(Clone)]
@@ -94,7 +150,7 @@ impl CacheMetrics {
                     .buckets(vec![0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0]),
                 &["group", "resource", "kind"],
             )?,
-            reads: counter("cache_reads_total", "Reads of cached resources, by verb and how they were answered (cache|upstream) and why.", &["verb", "source", "reason"])?,
+            reads: counter("cache_reads_total", "Reads of cached resources, by verb (GET|LIST|WATCH) and how they were answered (cache|upstream) and why (snake_case reason).", &["verb", "source", "reason"])?,
             consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes for consistent reads, by result (ok|error).", &["result"])?,
             progress_watches: counter("cache_progress_watches_total", "Short upstream watches opened to learn the cache is fresh.", &[])?,
             snapshots: counter("cache_snapshots_total", "Cache snapshots on disk, by operation (load|save) and result (load: loaded|absent|discarded|error; save: saved|too_large|error).", &["operation", "result"])?,
@@ -124,9 +180,39 @@ impl CacheMetrics {
         Ok(m)
     }
 
-    /// Handles for one resource.
+    /// Handles for one resource. Its label sets known now are exported
+    /// from now on, at zero.
     pub fn resource(&self, group: &str, resource: &str) -> ResourceMetrics {
         let l = [group, resource];
+        let l3 = |third: &'static str| [group, resource, third];
+        for reason in WATCH_RESTART_REASONS {
+            self.watch_restarts.with_label_values(&l3(reason));
+        }
+        for kind in EVENT_TYPES {
+            self.events_received.with_label_values(&l3(kind));
+        }
+        for reason in TERMINATION_REASONS {
+            self.watchers_terminated.with_label_values(&l3(reason));
+        }
+        for kind in READ_WAIT_KINDS {
+            self.read_wait.with_label_values(&l3(kind));
+        }
+        for result in PROBE_RESULTS {
+            self.consistency_probes.with_label_values(&l3(result));
+        }
+        for verb in READ_VERBS {
+            self.reads
+                .with_label_values(&[group, resource, verb, "cache", ""]);
+        }
+        for (operation, results) in SNAPSHOT_RESULTS {
+            for result in *results {
+                self.snapshots
+                    .with_label_values(&[group, resource, operation, result]);
+            }
+        }
+        for kind in UPSTREAM_WATCH_KINDS {
+            self.upstream_watches.with_label_values(&l3(kind));
+        }
         ResourceMetrics {
             group: group.to_string(),
             resource: resource.to_string(),
@@ -193,11 +279,19 @@ impl ResourceMetrics {
             .observe(seconds);
     }
 
-    /// Counts a read by how it was answered.
+    /// Counts a read (`verb` as the request info has it: `get`, `list`,
+    /// `watch`) by how it was answered, and why it passed through.
     pub fn read(&self, verb: &str, source: &str, reason: &str) {
+        let reason = reason_label(reason);
         self.families
             .reads
-            .with_label_values(&[&self.group, &self.resource, verb, source, reason])
+            .with_label_values(&[
+                &self.group,
+                &self.resource,
+                read_verb(verb),
+                source,
+                &reason,
+            ])
             .inc();
     }
 
@@ -229,5 +323,49 @@ pub struct UpstreamWatch(IntGauge);
 impl Drop for UpstreamWatch {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_snake_case() {
+        for (reason, label) in [
+            ("", ""),
+            ("not fresh", "not_fresh"),
+            ("history_overrun", "history_overrun"),
+            (
+                "resourceVersion older than the cache",
+                "resource_version_older_than_the_cache",
+            ),
+            ("unparseable timeoutSeconds", "unparseable_timeout_seconds"),
+            ("continue token at latest", "continue_token_at_latest"),
+        ] {
+            assert_eq!(reason_label(reason), label);
+        }
+    }
+
+    #[test]
+    fn known_label_sets_exist_from_start() {
+        let registry = Registry::new();
+        let m = CacheMetrics::new(&registry).unwrap();
+        let r = m.resource("", "pods");
+        r.read("list", "upstream", "not fresh");
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap();
+        for series in [
+            "kube_cache_proxy_upstream_watch_restarts_total{group=\"\",reason=\"expired\",resource=\"pods\"} 0",
+            "kube_cache_proxy_cache_events_received_total{group=\"\",resource=\"pods\",type=\"BOOKMARK\"} 0",
+            "kube_cache_proxy_cache_watchers_terminated_total{group=\"\",reason=\"history_overrun\",resource=\"pods\"} 0",
+            "kube_cache_proxy_cache_read_wait_seconds_count{group=\"\",kind=\"consistent\",resource=\"pods\"} 0",
+            "kube_cache_proxy_cache_consistency_probes_total{group=\"\",resource=\"pods\",result=\"error\"} 0",
+            "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"\",resource=\"pods\",source=\"cache\",verb=\"WATCH\"} 0",
+            "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"not_fresh\",resource=\"pods\",source=\"upstream\",verb=\"LIST\"} 1",
+        ] {
+            assert!(text.contains(series), "{series}\n{text}");
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! `allowWatchBookmarks=true`. A dropped or timed-out watch resumes from the
 //! cache's RV; `410 Gone` relists (and the store turns the difference into
 //! events, so downstream watchers carry on). Failures back off
-//! exponentially with jitter.
+//! exponentially with jitter ([`BACKOFF`], the `backon` crate).
 //!
 //! Two short upstream requests support consistent reads:
 //! - [`probe_rv`]: a `limit=1` list whose RV is upstream's current RV;
@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::BytesMut;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -114,27 +115,24 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// stale.
 const STALE_AFTER: Duration = Duration::from_secs(5);
 
-/// Exponential backoff with jitter: 0.2 s doubling up to 1.6 s, each delay
-/// drawn from [50 %, 150 %] of the nominal value, reset by every success.
-/// The cap is low so that the cache resumes within about 2 s of the
-/// apiserver's return; what the retries cost a down apiserver is a
-/// connection attempt, and a resumed watch costs it little (a relist after
-/// its restart is the same for the proxy as for every informer).
-#[derive(Debug, Default)]
-struct Backoff {
-    attempt: u32,
-}
+/// Retry delays after a failed list or watch: 0.1 s doubling up to 1 s,
+/// each plus a random jitter of up to 100 % (as client-go's reflector), so
+/// 0.1–0.2 s at first and 1–2 s at most. Reset by every successful list
+/// and every watch that ends cleanly. The cap is low so that the cache
+/// resumes within about 2 s of the apiserver's return; what a retry costs
+/// a down apiserver is a connection attempt, and a resumed watch costs it
+/// little (a relist after its restart is the same for the proxy as for
+/// every informer).
+const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(100))
+    .with_max_delay(Duration::from_secs(1))
+    .with_factor(2.0)
+    .with_jitter()
+    .without_max_times();
 
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let nominal = (0.2 * 2f64.powi(self.attempt.min(8) as i32)).min(1.6);
-        self.attempt += 1;
-        Duration::from_secs_f64(nominal * (0.5 + fastrand::f64()))
-    }
-
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
+/// The next delay of a backoff built from [`BACKOFF`] (never exhausted).
+fn next_delay(backoff: &mut impl Iterator<Item = Duration>) -> Duration {
+    backoff.next().unwrap_or(Duration::from_secs(2))
 }
 
 /// Runs one resource's reflector until `shutdown`.
@@ -165,7 +163,7 @@ impl Reflector {
         let check = self.check_name();
         self.readiness.register(&check, "initial list not done");
         let progress = tokio::spawn(self.clone().progress_loop());
-        let mut backoff = Backoff::default();
+        let mut backoff = BACKOFF.build();
         // From a snapshot, the first step is a watch from its RV.
         let mut resume = self.load_snapshot(&check).await;
         'relist: loop {
@@ -181,7 +179,7 @@ impl Reflector {
             };
             match listed {
                 Ok(()) => {
-                    backoff.reset();
+                    backoff = BACKOFF.build();
                     if self.cache.upstream_down_since().is_none() {
                         self.readiness.set(&check, Ok(()));
                     }
@@ -194,7 +192,7 @@ impl Reflector {
                     } else {
                         self.upstream_down(&check);
                     }
-                    if !self.sleep(backoff.next()).await {
+                    if !self.sleep(next_delay(&mut backoff)).await {
                         break;
                     }
                     continue;
@@ -210,7 +208,7 @@ impl Reflector {
                 match result {
                     Ok(_) => {
                         self.cache.metrics.watch_restart("closed");
-                        backoff.reset();
+                        backoff = BACKOFF.build();
                     }
                     Err(ReflectorError::Expired(message)) => {
                         self.cache.metrics.watch_restart("expired");
@@ -231,7 +229,7 @@ impl Reflector {
                         self.cache.metrics.watch_restart("error");
                         tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
                         self.upstream_down(&check);
-                        if !self.sleep(backoff.next()).await {
+                        if !self.sleep(next_delay(&mut backoff)).await {
                             break 'relist;
                         }
                     }
@@ -595,4 +593,22 @@ pub fn probe_rv(
             .map_err(|_| format!("no answer in {PROBE_TIMEOUT:?}"))?
     }
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_caps_and_resets() {
+        let mut b = BACKOFF.build();
+        let d: Vec<f64> = (0..12).map(|_| next_delay(&mut b).as_secs_f64()).collect();
+        assert!((0.1..0.2).contains(&d[0]), "{d:?}");
+        assert!((0.2..0.4).contains(&d[1]), "{d:?}");
+        assert!((0.8..1.6).contains(&d[3]), "{d:?}");
+        assert!((1.0..2.0).contains(&d[11]), "{d:?}");
+        // A success starts over.
+        b = BACKOFF.build();
+        assert!(next_delay(&mut b) < Duration::from_millis(200));
+    }
 }
