@@ -92,16 +92,23 @@ impl Handler {
     }
 
     /// The cache that may answer this request: a GET of a cached resource
-    /// (no subresource) by get, list or watch.
+    /// (no subresource) by get, list or watch, on a path the apiserver
+    /// routes to exactly these fields ([`RequestInfo::routable`]). A
+    /// namespace `.` or `..` (of a namespaced resource: the namespace
+    /// `..` itself is a name the registry refuses) is left to the
+    /// apiserver: its storage refuses the key (`500`, `invalid key:
+    /// "/pods/."`), naming the resource's storage prefix, which the cache
+    /// does not know.
     fn cache_for(
         &self,
         req: &Request<Incoming>,
         info: &RequestInfo,
     ) -> Option<&Arc<ResourceCache>> {
         if req.method() != http::Method::GET
-            || !info.is_resource_request
+            || !info.routable
             || !info.subresource.is_empty()
             || !info.is_read()
+            || (matches!(info.namespace.as_str(), "." | "..") && info.resource != "namespaces")
         {
             return None;
         }
@@ -127,7 +134,11 @@ impl Handler {
             k8s.namespace = %info.namespace,
         );
         let extra_space = BearerHeader::of(req.headers()) == BearerHeader::ExtraSpace;
-        let (mut resp, source) = self.dispatch(req, &info, conn).instrument(span).await;
+        let (mut resp, source) = if info.malformed_path {
+            (malformed_request_line(req.version()), Source::Proxy)
+        } else {
+            self.dispatch(req, &info, conn).instrument(span).await
+        };
         if extra_space {
             warn_extra_space(&mut resp);
         }
@@ -175,6 +186,10 @@ impl Handler {
                                 return (resp, Source::Cache);
                             }
                         }
+                        // The message quotes the request's names as Go's
+                        // `%q`, exactly reproduced for ASCII: others are
+                        // refused by the apiserver itself.
+                        Ok(Decision::Deny(_)) if !attrs.quotes_exactly() => {}
                         Ok(Decision::Deny(reason)) => {
                             return (forbidden(&attrs, &reason).into_response(), Source::Proxy);
                         }
@@ -400,6 +415,24 @@ impl Handler {
             ])
             .observe(start.elapsed().as_secs_f64());
     }
+}
+
+/// What Go's HTTP server answers when the request target does not parse
+/// (`url.ParseRequestURI`: a malformed percent-escape), before any
+/// handler: `400 Bad Request` in plain text, closing an HTTP/1.x
+/// connection. (Over HTTP/2 it resets the stream instead.)
+fn malformed_request_line(version: http::Version) -> Response<Body> {
+    let mut resp = Response::new(body::full(bytes::Bytes::from_static(b"400 Bad Request")));
+    *resp.status_mut() = http::StatusCode::BAD_REQUEST;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if version < http::Version::HTTP_2 {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 /// Adds the apiserver's warning about an ignored `Authorization: Bearer  x`

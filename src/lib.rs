@@ -31,7 +31,7 @@ pub mod upstream;
 // The API machinery the proxy shares with the simulated apiserver lives in
 // the `apimachinery` crate (so the simulator need not depend on the proxy);
 // re-exported under the paths the proxy has always used.
-pub use apimachinery::{body, go, kubeconfig, pki, request, resource, selector, status};
+pub use apimachinery::{body, go, kubeconfig, pki, request, resource, selector, status, url};
 
 use std::future::Future;
 use std::net::SocketAddr;

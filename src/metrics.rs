@@ -216,9 +216,8 @@ fn named_in_path(info: &RequestInfo) -> bool {
 /// `getVerbIfWatch`: the first `watch` parameter, unless `0` or `false`
 /// (case-insensitive).
 fn watch_requested(query: Option<&str>) -> bool {
-    form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .find(|(k, _)| k == "watch")
-        .is_some_and(|(_, v)| !matches!(v.to_ascii_lowercase().as_str(), "0" | "false"))
+    crate::url::query_get(query, "watch")
+        .is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "0" | "false"))
 }
 
 /// Every metric the proxy exports.

@@ -87,9 +87,7 @@ pub fn passes_through_early(info: &RequestInfo, query: Option<&str>) -> Option<&
     if info.verb != "get" {
         return None;
     }
-    let rv = form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .find(|(k, _)| k == "resourceVersion")
-        .map(|(_, v)| v);
+    let rv = crate::url::query_get(query, "resourceVersion");
     rv.is_none_or(|v| v.is_empty()).then_some("consistent get")
 }
 
@@ -172,12 +170,29 @@ async fn not_older_than(cache: &ResourceCache, rv: u64) -> Result<(), Status> {
 
 async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>) -> Answer {
     let mut rv_param: Option<String> = None;
-    for (k, v) in form_urlencoded::parse(read.query.unwrap_or("").as_bytes()) {
-        match k.as_ref() {
-            "resourceVersion" if rv_param.is_none() => rv_param = Some(v.into_owned()),
+    for (k, v) in crate::url::query_pairs(read.query.unwrap_or("")) {
+        match k.as_str() {
+            "resourceVersion" if rv_param.is_none() => rv_param = Some(v),
             "resourceVersion" => {}
             _ => return Answer::PassThrough("unknown query parameter"),
         }
+    }
+    // The registry's key function rejects a name that cannot be a path
+    // segment before the storage is asked (`NamespaceKeyFunc`,
+    // `NoNamespaceKeyFunc` in staging/src/k8s.io/apiserver/pkg/registry/
+    // generic/registry/store.go): `400`, whatever the cache holds.
+    let name = &read.info.name;
+    let invalid = crate::request::path_segment_name_errors(name);
+    if !invalid.is_empty() {
+        // Go quotes the name with `%q`, exactly reproduced for ASCII.
+        if !name.is_ascii() {
+            return Answer::PassThrough("name outside ASCII");
+        }
+        return status(Status::bad_request(format!(
+            "Name parameter invalid: {}: {}",
+            crate::go::quote(name),
+            invalid.join(";")
+        )));
     }
     if let Err(a) = ready(cache).await {
         return a;
@@ -214,6 +229,9 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>) -> Answer {
         // A scoped cache holds only part of the resource: the object may
         // exist outside the scope (a pod on another node).
         None if !info.scope.is_empty() => Answer::PassThrough("not in the cached scope"),
+        // The message quotes the name as Go's `%q`, exactly reproduced
+        // for ASCII only (no object has another name).
+        None if !read.info.name.is_ascii() => Answer::PassThrough("name outside ASCII"),
         None => status(Status::not_found(
             &info.gvr.group,
             &info.gvr.resource,
