@@ -148,11 +148,12 @@ impl Handler {
 
     async fn dispatch(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         info: &RequestInfo,
         conn: &ConnInfo,
     ) -> (Response<Body>, Source) {
-        let credential = match Credential::of(&conn.cert, req.headers()) {
+        let websocket = crate::websocket::is_websocket_request(req.headers());
+        let credential = match Credential::of(&conn.cert, req.headers(), websocket) {
             Ok(Credential::None) if !self.auth.anonymous_enabled() => None,
             Ok(credential) => Some(credential),
             Err(_) => None,
@@ -183,6 +184,11 @@ impl Handler {
                     match self.auth.authorize(&attrs).await {
                         Ok(Decision::Allow) => {
                             if let Some(resp) = self.answer_from_cache(cache, &req, info).await {
+                                let resp = if websocket && info.verb == "watch" {
+                                    upgrade_watch(&mut req, &credential, resp)
+                                } else {
+                                    resp
+                                };
                                 return (resp, Source::Cache);
                             }
                         }
@@ -200,6 +206,13 @@ impl Handler {
                         }
                     }
                 }
+                // A rejected `Authorization` token leaves the apiserver's
+                // chain to try a token subprotocol: it decides.
+                Err(AuthFailure::Unauthorized)
+                    if websocket
+                        && matches!(credential, Credential::Bearer(_))
+                        && crate::auth::ProtocolToken::of(req.headers())
+                            != crate::auth::ProtocolToken::None => {}
                 Err(AuthFailure::Unauthorized) => {
                     return (crate::auth::unauthorized().into_response(), Source::Proxy);
                 }
@@ -303,7 +316,7 @@ impl Handler {
             Credential::Bearer(token) if self.auth.tokens().known_authenticated(token).await => {
                 (req.headers().clone(), Credentials::Client)
             }
-            Credential::Bearer(_) | Credential::None => {
+            Credential::Bearer(_) | Credential::WebSocket { .. } | Credential::None => {
                 (req.headers().clone(), Credentials::ClientHttp1)
             }
         };
@@ -414,6 +427,44 @@ impl Handler {
                 source.as_str(),
             ])
             .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+/// A watch served from the cache, as a WebSocket when the request asks
+/// for one (see [`crate::websocket`]): once the watch is established
+/// (`200`), the handshake is checked against the request as the
+/// authentication filter left it (a token subprotocol that authenticated
+/// the request removed), and the watch switches protocols or is refused.
+/// Watches that could not start (errors) are answered as they are.
+fn upgrade_watch(
+    req: &mut Request<Incoming>,
+    credential: &Credential,
+    resp: Response<Body>,
+) -> Response<Body> {
+    if resp.status() != http::StatusCode::OK {
+        return resp;
+    }
+    // hyper hands the connection over only for `Connection: upgrade`
+    // (a token); Go also takes `Connection: upgraded`.
+    let Some(on_upgrade) = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() else {
+        return resp;
+    };
+    let rewritten;
+    let headers = match credential {
+        Credential::WebSocket { protocols, .. } => {
+            let mut h = req.headers().clone();
+            h.remove(header::SEC_WEBSOCKET_PROTOCOL);
+            if let Ok(v) = HeaderValue::from_str(protocols) {
+                h.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
+            }
+            rewritten = h;
+            &rewritten
+        }
+        _ => req.headers(),
+    };
+    match crate::websocket::handshake(req.method(), req.uri(), headers) {
+        Ok(accepted) => crate::websocket::serve(on_upgrade, accepted, resp),
+        Err(refusal) => refusal,
     }
 }
 

@@ -27,6 +27,7 @@ pub mod serve;
 pub mod takeover;
 pub mod tls;
 pub mod upstream;
+pub mod websocket;
 
 // The API machinery the proxy shares with the simulated apiserver lives in
 // the `apimachinery` crate (so the simulator need not depend on the proxy);

@@ -3,7 +3,8 @@
 //! an HTTP library might normalize or refuse), reads the response to the
 //! end of the connection (`Connection: close`), and parses it by hand, so
 //! a test sees exactly what a server wrote: the status line, every header,
-//! the body (chunked encoding removed).
+//! the body (chunked encoding removed). Also opens WebSocket connections
+//! over TLS with `tokio-tungstenite`.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -227,5 +228,104 @@ fn dechunk(mut rest: &[u8]) -> Option<(Vec<u8>, bool)> {
         }
         out.extend_from_slice(&rest[..size]);
         rest = &rest[size + 2..];
+    }
+}
+
+/// A WebSocket client connection over TLS.
+pub type Ws = tokio_tungstenite::WebSocketStream<TlsStream<TcpStream>>;
+
+/// The outcome of a WebSocket handshake.
+pub enum Upgrade {
+    /// `101`: the response head, and the connection.
+    Switched(RawResp, Box<Ws>),
+    /// Anything else: the whole response.
+    Refused(RawResp),
+}
+
+impl Upgrade {
+    pub fn switched(self) -> (RawResp, Ws) {
+        match self {
+            Upgrade::Switched(head, ws) => (head, *ws),
+            Upgrade::Refused(r) => {
+                panic!("not upgraded: {} {:?} {}", r.status, r.headers, r.text())
+            }
+        }
+    }
+
+    pub fn refused(self) -> RawResp {
+        match self {
+            Upgrade::Refused(r) => r,
+            Upgrade::Switched(head, _) => panic!("upgraded: {:?}", head.headers),
+        }
+    }
+}
+
+/// The headers of a WebSocket handshake (key `dGhlIHNhbXBsZSBub25jZQ==`,
+/// version 13), with `Origin: https://example.com`.
+pub fn ws_headers() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("Upgrade", "websocket"),
+        ("Connection", "Upgrade"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ("Sec-WebSocket-Version", "13"),
+        ("Origin", "https://example.com"),
+    ]
+}
+
+/// `Sec-WebSocket-Accept` for [`ws_headers`]' key (RFC 6455 §1.3).
+pub const WS_ACCEPT: &str = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=";
+
+impl Raw {
+    /// Sends a WebSocket handshake for `target` with exactly `headers` and
+    /// returns the connection when the server switches protocols.
+    pub async fn websocket(&self, target: &str, headers: &[(&str, &str)]) -> Upgrade {
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let mut tls = self.connect().await;
+        tls.write_all(self.head("GET", target, headers).as_bytes())
+            .await
+            .unwrap();
+        tls.flush().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 16384];
+        let end = loop {
+            if let Some(end) = head_end(&buf) {
+                break Some(end);
+            }
+            match tokio::time::timeout(Duration::from_secs(30), tls.read(&mut chunk))
+                .await
+                .expect("no response head in 30 s")
+            {
+                Ok(0) | Err(_) => break None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let Some(end) = end else {
+            return Upgrade::Refused(
+                parse(&buf).unwrap_or_else(|| panic!("bad response: {buf:?}")),
+            );
+        };
+        let (head, _) = parse_head(&buf[..end]).unwrap();
+        if head.status != 101 {
+            // The rest of the response, to the end of the connection or
+            // its length.
+            loop {
+                if let Some(resp) = parse_complete(&buf) {
+                    return Upgrade::Refused(resp);
+                }
+                match tokio::time::timeout(Duration::from_secs(30), tls.read(&mut chunk))
+                    .await
+                    .expect("no response body in 30 s")
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            return Upgrade::Refused(parse(&buf).unwrap());
+        }
+        let rest = buf[end..].to_vec();
+        let ws =
+            tokio_tungstenite::WebSocketStream::from_partially_read(tls, rest, Role::Client, None)
+                .await;
+        Upgrade::Switched(head, Box::new(ws))
     }
 }
