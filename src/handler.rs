@@ -127,11 +127,13 @@ impl Handler {
             &info,
             self.known_resources.contains(&info.resource),
         );
+        // Decoded from the path, these may hold any character: logged
+        // escaped, so a `%0A` cannot forge a log line.
         let span = tracing::debug_span!(
             "request",
             k8s.verb = %info.verb,
-            k8s.resource = %info.resource,
-            k8s.namespace = %info.namespace,
+            k8s.resource = %info.resource.escape_debug(),
+            k8s.namespace = %info.namespace.escape_debug(),
         );
         let extra_space = BearerHeader::of(req.headers()) == BearerHeader::ExtraSpace;
         let (mut resp, source) = if info.malformed_path {
@@ -354,7 +356,7 @@ impl Handler {
                     .upstream_errors
                     .with_label_values(&[err.reason()])
                     .inc();
-                tracing::warn!(error = %err, verb = %info.verb, path = %info.path, "pass-through failed");
+                tracing::warn!(error = %err, verb = %info.verb, path = %info.path.escape_debug(), "pass-through failed");
                 (proxy::error_response(&err), Source::Proxy)
             }
         }
