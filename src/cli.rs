@@ -77,6 +77,25 @@ pub enum Command {
     /// front of it, and print the kubeconfig and curl lines to reach it.
     #[cfg(feature = "demo")]
     Demo(DemoArgs),
+    /// Create the node's state directory (snapshots, takeover socket) owned
+    /// by the user the proxy runs as, mode 0700: for an init container
+    /// running as root with only CAP_CHOWN, since the hostPath volume
+    /// kubelet creates is root's.
+    PrepareStateDir(PrepareStateDirArgs),
+}
+
+/// Flags of `prepare-state-dir`.
+#[derive(Debug, Clone, Args)]
+pub struct PrepareStateDirArgs {
+    /// The directory, e.g. /var/lib/kube-cache-proxy.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Its owner's uid.
+    #[arg(long, default_value_t = 65532)]
+    pub uid: u32,
+    /// Its owner's gid.
+    #[arg(long, default_value_t = 65532)]
+    pub gid: u32,
 }
 
 /// Log output format (`--logging-format`).
@@ -138,6 +157,14 @@ pub struct ServeArgs {
     /// downward API's `spec.nodeName`).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// Directory of the cache snapshots (cache.persistence.directory); ""
+    /// turns them off.
+    #[arg(long, value_name = "DIR")]
+    pub cache_persistence_directory: Option<PathBuf>,
+    /// Unix socket a successor takes the listeners over on
+    /// (takeover.socketPath); "" turns takeover off.
+    #[arg(long, value_name = "PATH")]
+    pub takeover_socket_path: Option<PathBuf>,
 }
 
 /// Flags of `demo`.
@@ -181,6 +208,8 @@ impl ServeArgs {
             tls_min_version: self.tls_min_version,
             shutdown_grace_period_seconds: self.shutdown_grace_period_seconds,
             node_name: self.node_name.clone(),
+            cache_persistence_directory: self.cache_persistence_directory.clone(),
+            takeover_socket_path: self.takeover_socket_path.clone(),
         }
     }
 }

@@ -760,6 +760,8 @@ pub struct Overrides {
     pub tls_min_version: Option<TlsVersion>,
     pub shutdown_grace_period_seconds: Option<u64>,
     pub node_name: Option<String>,
+    pub cache_persistence_directory: Option<PathBuf>,
+    pub takeover_socket_path: Option<PathBuf>,
 }
 
 impl Config {
@@ -842,6 +844,13 @@ impl Config {
         }
         if let Some(v) = &o.node_name {
             self.node_name = v.clone();
+        }
+        if let Some(v) = &o.cache_persistence_directory {
+            self.cache.persistence.directory =
+                Some(v.clone()).filter(|v| !v.as_os_str().is_empty());
+        }
+        if let Some(v) = &o.takeover_socket_path {
+            self.takeover.socket_path = Some(v.clone()).filter(|v| !v.as_os_str().is_empty());
         }
     }
 

@@ -59,6 +59,7 @@ fn main() -> ExitCode {
             .block_on(kube_cache_proxy::demo::run(args, shutdown_signal()))
             .map_err(anyhow::Error::from),
         Some(Command::Serve(args)) => runtime.block_on(serve(args)),
+        Some(Command::PrepareStateDir(args)) => prepare_state_dir(&args),
         None => match cli.validate_config {
             Some(file) => runtime.block_on(validate(file, cli.serve)),
             None => runtime.block_on(serve(cli.serve)),
@@ -178,4 +179,14 @@ async fn shutdown_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// `prepare-state-dir`: the directory, owned by the proxy's user, 0700.
+fn prepare_state_dir(args: &kube_cache_proxy::cli::PrepareStateDirArgs) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(&args.dir)?;
+    std::os::unix::fs::chown(&args.dir, Some(args.uid), Some(args.gid))?;
+    std::fs::set_permissions(&args.dir, std::fs::Permissions::from_mode(0o700))?;
+    tracing::info!(dir = %args.dir.display(), uid = args.uid, gid = args.gid, "state directory ready");
+    Ok(())
 }
