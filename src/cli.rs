@@ -70,6 +70,8 @@ pub struct Cli {
 
 /// Subcommands. Without one, the proxy serves.
 #[derive(Debug, Subcommand)]
+// Parsed once at start: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve (the default).
     Serve(ServeArgs),
