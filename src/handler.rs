@@ -195,8 +195,9 @@ impl Handler {
                                     };
                                     return (resp, Source::Cache);
                                 }
-                                Err(crate::cache::serve::OLDER_THAN_THE_CACHE)
-                                    if info.verb == "watch" =>
+                                Err(reason)
+                                    if info.verb == "watch"
+                                        && crate::cache::serve::is_transient(reason) =>
                                 {
                                     catch_up_only(&mut req);
                                 }
@@ -214,6 +215,9 @@ impl Handler {
                             // Upstream decides instead; it will authorize the
                             // request itself.
                             tracing::debug!(%error, "authorization unavailable; passing through");
+                            if info.verb == "watch" {
+                                catch_up_only(&mut req);
+                            }
                         }
                     }
                 }
@@ -230,6 +234,9 @@ impl Handler {
                 Err(AuthFailure::Status(status)) => return (status.into_response(), Source::Proxy),
                 Err(AuthFailure::Unavailable(error)) => {
                     tracing::debug!(%error, "authentication unavailable; passing through");
+                    if info.verb == "watch" {
+                        catch_up_only(&mut req);
+                    }
                 }
             }
         }
@@ -576,8 +583,10 @@ fn as_any_node(user: &UserInfo, headers: &HeaderMap) -> Result<HeaderMap, Box<St
 /// older than the cache's history may last upstream, in seconds.
 const CATCH_UP_WATCH_SECONDS: u64 = 60;
 
-/// Shortens a watch passed through because its resourceVersion is older
-/// than the cache's history (the proxy, or a tier, restarted): with
+/// Shortens a watch of a cached resource passed through only for a passing
+/// reason: its resourceVersion older than the cache's history (the proxy,
+/// or a tier, restarted), the cache not ready or not shown fresh yet, or
+/// authentication or authorization unavailable for a moment. With
 /// bookmarks allowed, its `timeoutSeconds` becomes at most
 /// [`CATCH_UP_WATCH_SECONDS`]. The apiserver then ends it at that time
 /// with a bookmark at its current resourceVersion two seconds before, so

@@ -431,7 +431,7 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
     .await;
     let returned_in = back.elapsed();
     eventually(
-        Duration::from_secs(90),
+        Duration::from_secs(150),
         "the node proxies back on the tier",
         || {
             let (admin, tier, baseline) = (admin.clone(), &tier, &baseline);
@@ -441,6 +441,14 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
                 let held = proxy_upstream_watches(&m);
                 if std::env::var("KCP_TIER_DEBUG").is_ok() {
                     eprintln!("apiserver {now:?}\nbaseline {baseline:?}\ntier {held:?}");
+                    for l in m.lines().filter(|l| {
+                        l.starts_with("kube_cache_proxy_requests_in_flight")
+                            || (l.starts_with("kube_cache_proxy_cache_reads_total")
+                                && l.contains("WATCH")
+                                && l.contains("source=\"upstream\""))
+                    }) {
+                        eprintln!("tier: {l}");
+                    }
                 }
                 now.iter()
                     .all(|(r, v)| {

@@ -63,6 +63,22 @@ use super::watcher::{self, WatchParams};
 /// Why a read passes through when its resourceVersion is older than the
 /// cache's history.
 pub const OLDER_THAN_THE_CACHE: &str = "resourceVersion older than the cache";
+/// Why a read passes through while the cache has not completed its first
+/// list.
+pub const NOT_READY: &str = "not ready";
+/// Why a consistent read passes through when upstream's resourceVersion
+/// could not be learnt.
+pub const PROBE_FAILED: &str = "probe failed";
+/// Why a consistent read passes through when the cache could not be shown
+/// fresh in time.
+pub const NOT_FRESH: &str = "not fresh";
+
+/// Whether a watch passed through for `reason` is one the cache could
+/// serve a moment later (so it should not stay upstream for its whole
+/// life): see `handler::catch_up_only`.
+pub fn is_transient(reason: &str) -> bool {
+    [OLDER_THAN_THE_CACHE, NOT_READY, PROBE_FAILED, NOT_FRESH].contains(&reason)
+}
 
 /// The cache's decision on a read.
 #[derive(Debug)]
@@ -129,7 +145,7 @@ async fn ready(cache: &ResourceCache) -> Result<(), Answer> {
     if cache.wait_synced(cache.read.ready_wait).await {
         Ok(())
     } else {
-        Err(Answer::PassThrough("not ready"))
+        Err(Answer::PassThrough(NOT_READY))
     }
 }
 
@@ -147,7 +163,7 @@ async fn consistent(
     let target = cache
         .upstream_rv(arrived, move || probe_rv(upstream, &info))
         .await
-        .map_err(|_| Answer::PassThrough("probe failed"))?;
+        .map_err(|_| Answer::PassThrough(PROBE_FAILED))?;
     let fresh = if wait.is_zero() {
         cache.rv() >= target
     } else {
@@ -156,7 +172,7 @@ async fn consistent(
     if fresh {
         Ok(())
     } else {
-        Err(Answer::PassThrough("not fresh"))
+        Err(Answer::PassThrough(NOT_FRESH))
     }
 }
 
