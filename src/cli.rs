@@ -84,6 +84,21 @@ pub enum Command {
     /// running as root with only CAP_CHOWN, since the hostPath volume
     /// kubelet creates is root's.
     PrepareStateDir(PrepareStateDirArgs),
+    /// GET a plain-HTTP URL on this host and exit 0 if it answers 200 (1
+    /// otherwise): an exec probe of the loopback-only admin port where
+    /// kubelet cannot reach it (a pod not on the host network).
+    Probe(ProbeArgs),
+}
+
+/// Flags of `probe`.
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// The URL, e.g. http://127.0.0.1:9444/readyz.
+    #[arg(long, value_name = "URL")]
+    pub url: String,
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 3)]
+    pub timeout_seconds: u64,
 }
 
 /// Flags of `prepare-state-dir`.
@@ -135,7 +150,7 @@ pub struct ServeArgs {
     pub upstream_context: Option<String>,
     /// Who the proxy is upstream (upstream.identity): Auto (the node when
     /// the credential is a node's, else as given), Node (the node, or exit
-    /// 64), AsGiven.
+    /// 64), AsGiven, Tier (the upstream of node proxies: docs/tier.md).
     #[arg(long, value_name = "MODE", value_parser = identity_parser())]
     pub upstream_identity: Option<IdentityMode>,
     /// PEM serving certificate (chain), like kube-apiserver's flag.
@@ -216,11 +231,12 @@ impl ServeArgs {
     }
 }
 
-/// `Auto`, `Node` or `AsGiven`, listed by `--help`.
+/// `Auto`, `Node`, `AsGiven` or `Tier`, listed by `--help`.
 fn identity_parser() -> impl clap::builder::TypedValueParser<Value = IdentityMode> {
-    PossibleValuesParser::new(["Auto", "Node", "AsGiven"]).map(|s| match s.as_str() {
+    PossibleValuesParser::new(["Auto", "Node", "AsGiven", "Tier"]).map(|s| match s.as_str() {
         "Node" => IdentityMode::Node,
         "AsGiven" => IdentityMode::AsGiven,
+        "Tier" => IdentityMode::Tier,
         _ => IdentityMode::Auto,
     })
 }

@@ -682,6 +682,11 @@ pub enum IdentityMode {
     Node,
     /// The credential as given.
     AsGiven,
+    /// A tier proxy, the upstream of node proxies (docs/tier.md): its own
+    /// reads with the credential as given; a node's certificate requests
+    /// forwarded as that node by constrained impersonation
+    /// (`impersonate:arbitrary-node`); any other certificate user refused.
+    Tier,
 }
 
 /// Upstream (kube-apiserver) settings.
@@ -706,6 +711,24 @@ pub struct UpstreamConfig {
     pub connect_timeout_seconds: u64,
     /// Idle pooled connections are closed after this long. Default 90 s.
     pub idle_timeout_seconds: u64,
+    /// Where to go when `kubeconfig`'s server cannot be reached: for a node
+    /// proxy whose upstream is a tier of proxies (docs/tier.md), the
+    /// apiserver itself. Unset (default): none.
+    pub fallback: Option<FallbackConfig>,
+}
+
+/// `upstream.fallback`: another server, used while the primary cannot be
+/// reached (three connection failures in a row), until it answers again
+/// (tried every 10 s ±50 %). Its credential must give the proxy the same
+/// identity.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FallbackConfig {
+    /// Kubeconfig file of the fallback server.
+    pub kubeconfig: PathBuf,
+    /// Context of that kubeconfig. Unset: its current context.
+    #[serde(default)]
+    pub context: Option<String>,
 }
 
 // === impl Config ===
@@ -741,6 +764,7 @@ impl Default for UpstreamConfig {
             identity: IdentityMode::Auto,
             connect_timeout_seconds: 5,
             idle_timeout_seconds: 90,
+            fallback: None,
         }
     }
 }
@@ -937,6 +961,9 @@ impl Config {
         }
         if let Some(kc) = &self.upstream.kubeconfig {
             readable("upstream.kubeconfig", kc)?;
+        }
+        if let Some(f) = &self.upstream.fallback {
+            readable("upstream.fallback.kubeconfig", &f.kubeconfig)?;
         }
         if self.upstream.connect_timeout_seconds == 0 {
             return Err(ConfigError::invalid(

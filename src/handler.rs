@@ -149,6 +149,7 @@ impl Handler {
         let Some(credential) = credential else {
             return (crate::auth::unauthorized().into_response(), Source::Proxy);
         };
+        let mut req = req;
         // The user the request acts as, once known.
         let mut identity: Option<UserInfo> = None;
         let cache = self.cache_for(&req, info).filter(|cache| {
@@ -171,8 +172,14 @@ impl Handler {
                     identity = Some(user);
                     match self.auth.authorize(&attrs).await {
                         Ok(Decision::Allow) => {
-                            if let Some(resp) = self.answer_from_cache(cache, &req, info).await {
-                                return (resp, Source::Cache);
+                            match self.answer_from_cache(cache, &req, info).await {
+                                Ok(resp) => return (resp, Source::Cache),
+                                Err(crate::cache::serve::OLDER_THAN_THE_CACHE)
+                                    if info.verb == "watch" =>
+                                {
+                                    catch_up_only(&mut req);
+                                }
+                                Err(_) => {}
                             }
                         }
                         Ok(Decision::Deny(reason)) => {
@@ -198,13 +205,13 @@ impl Handler {
             .await
     }
 
-    /// Answers from the cache, or `None` when the cache declines.
+    /// Answers from the cache, or why the cache declines.
     async fn answer_from_cache(
         &self,
         cache: &Arc<ResourceCache>,
         req: &Request<Incoming>,
         info: &RequestInfo,
-    ) -> Option<Response<Body>> {
+    ) -> Result<Response<Body>, &'static str> {
         let gauge = self
             .metrics
             .in_flight
@@ -220,9 +227,9 @@ impl Handler {
         match serve(cache, &self.upstream, read, &self.shutdown).await {
             Answer::Served(resp) => {
                 let (parts, body) = resp.into_parts();
-                Some(Response::from_parts(parts, body::guarded(body, guard)))
+                Ok(Response::from_parts(parts, body::guarded(body, guard)))
             }
-            Answer::PassThrough(_) => None,
+            Answer::PassThrough(reason) => Err(reason),
         }
     }
 
@@ -240,6 +247,14 @@ impl Handler {
             // As a node, the proxy forwards only its node's own requests.
             Credential::Certificate(user) if self.identity.node().is_some() => {
                 match self.as_node(user, req.headers()) {
+                    Ok(headers) => (headers, Credentials::Proxy),
+                    Err(status) => return (status.into_response(), Source::Proxy),
+                }
+            }
+            // A tier forwards nodes (node proxies, their kubelets) as
+            // themselves.
+            Credential::Certificate(user) if self.identity == Identity::Tier => {
+                match as_any_node(user, req.headers()) {
                     Ok(headers) => (headers, Credentials::Proxy),
                     Err(status) => return (status.into_response(), Source::Proxy),
                 }
@@ -298,6 +313,10 @@ impl Handler {
             .with_label_values(&[Source::Upstream.as_str()]);
         gauge.inc();
         let guard = InFlight(gauge);
+        // Subscribed before sending: a switch of upstream after it ends a
+        // passed-through watch (its client re-watches, from the server that
+        // is now active).
+        let site_changed = self.upstream.site_changed();
         let result = if proxy::is_upgrade(&req) {
             proxy::forward_upgrade(&self.upstream, req, headers, credentials, conn.remote).await
         } else {
@@ -310,10 +329,17 @@ impl Handler {
                 // its client re-watches (from the successor, after a
                 // takeover) from its last resourceVersion.
                 if info.verb == "watch" && parts.status == http::StatusCode::OK {
+                    let shutdown = self.shutdown.clone().cancelled_owned();
+                    let moved = site_changed;
                     body = proxy::drainable_watch(
                         body,
                         parts.headers.get(header::CONTENT_TYPE),
-                        self.shutdown.clone(),
+                        async move {
+                            tokio::select! {
+                                () = shutdown => {}
+                                () = moved => {}
+                            }
+                        },
                     );
                 }
                 (
@@ -417,6 +443,91 @@ fn warn_extra_space(resp: &mut Response<Body>) {
     }
 }
 
+/// The upstream headers of a node's certificate request at a tier proxy:
+/// `Impersonate-User: system:node:<n>` alone, which kube-apiserver (1.35+
+/// with `ConstrainedImpersonation`, default from 1.36) decides by its
+/// `arbitrary-node` mode (the tier's `impersonate:arbitrary-node` and
+/// `impersonate-on:arbitrary-node:<verb>`), so the node is in exactly
+/// `system:nodes` and the Node authorizer and NodeRestriction apply as to
+/// the node's own credential. Anyone else's certificate request cannot be
+/// forwarded.
+fn as_any_node(user: &UserInfo, headers: &HeaderMap) -> Result<HeaderMap, Box<Status>> {
+    let is_node = user.name.starts_with("system:node:")
+        && user
+            .groups
+            .iter()
+            .any(|g| g == apimachinery::impersonation::NODES_GROUP);
+    if !is_node {
+        return Err(Box::new(Status::new(
+            http::StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "kube-cache-proxy is a tier proxy and acts upstream only as nodes; the request \
+                 of {:?} (client certificate) cannot be forwarded: send it with a bearer \
+                 token, or to the apiserver directly",
+                user.name
+            ),
+        )));
+    }
+    if impersonation_requested(headers) {
+        return Err(Box::new(Status::new(
+            http::StatusCode::FORBIDDEN,
+            "Forbidden",
+            "kube-cache-proxy is a tier proxy and cannot forward impersonation requested with a \
+             client certificate",
+        )));
+    }
+    let mut out = without_identity_headers(headers);
+    if let Ok(v) = HeaderValue::from_str(&user.name) {
+        out.insert("impersonate-user", v);
+    }
+    Ok(out)
+}
+
+/// The longest a watch passed through only because its resourceVersion is
+/// older than the cache's history may last upstream, in seconds.
+const CATCH_UP_WATCH_SECONDS: u64 = 60;
+
+/// Shortens a watch passed through because its resourceVersion is older
+/// than the cache's history (the proxy, or a tier, restarted): with
+/// bookmarks allowed, its `timeoutSeconds` becomes at most
+/// [`CATCH_UP_WATCH_SECONDS`]. The apiserver then ends it at that time
+/// with a bookmark at its current resourceVersion two seconds before, so
+/// the client's next watch starts within the cache's history and is served
+/// from the cache, rather than keeping a watch on the apiserver for its
+/// whole life (30-60 minutes). Ending a watch is always the server's
+/// right; clients re-watch from their last resourceVersion.
+fn catch_up_only<B>(req: &mut Request<B>) {
+    let Some(query) = req.uri().query() else {
+        return;
+    };
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let bookmarks = pairs
+        .iter()
+        .any(|(k, v)| k == "allowWatchBookmarks" && v == "true");
+    let short = pairs.iter().any(|(k, v)| {
+        k == "timeoutSeconds" && v.parse::<u64>().is_ok_and(|t| t <= CATCH_UP_WATCH_SECONDS)
+    });
+    if !bookmarks || short {
+        return;
+    }
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs.iter().filter(|(k, _)| k != "timeoutSeconds") {
+        out.append_pair(k, v);
+    }
+    out.append_pair("timeoutSeconds", &CATCH_UP_WATCH_SECONDS.to_string());
+    let pq = format!("{}?{}", req.uri().path(), out.finish());
+    let mut parts = req.uri().clone().into_parts();
+    if let Ok(pq) = pq.parse() {
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
+}
+
 /// Whether the client asks to impersonate someone.
 fn impersonation_requested(headers: &HeaderMap) -> bool {
     headers
@@ -489,6 +600,32 @@ const EXTRA_KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMER
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_catch_up_watch_is_capped_at_a_minute_with_bookmarks_only() {
+        let capped = |uri: &str| {
+            let mut req = Request::get(uri).body(()).unwrap();
+            catch_up_only(&mut req);
+            req.uri().to_string()
+        };
+        assert_eq!(
+            capped("/api/v1/pods?watch=1&resourceVersion=5&allowWatchBookmarks=true"),
+            "/api/v1/pods?watch=1&resourceVersion=5&allowWatchBookmarks=true&timeoutSeconds=60"
+        );
+        assert_eq!(
+            capped(
+                "/api/v1/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds=1800&resourceVersion=5"
+            ),
+            "/api/v1/pods?watch=1&allowWatchBookmarks=true&resourceVersion=5&timeoutSeconds=60"
+        );
+        // Already short, or no bookmarks to carry the client forward: as is.
+        for uri in [
+            "/api/v1/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds=30",
+            "/api/v1/pods?watch=1&resourceVersion=5",
+        ] {
+            assert_eq!(capped(uri), uri);
+        }
+    }
 
     #[test]
     fn identity_headers_are_replaced_by_impersonation() {

@@ -300,11 +300,30 @@ pub async fn run(
     .await?;
     let identity = Identity::detect(&kube_config, config.upstream.identity, &config.node_name)
         .map_err(upstream::UpstreamError::Config)?;
-    let upstream = Upstream::new(
-        &kube_config,
-        Duration::from_secs(config.upstream.connect_timeout_seconds),
-        Duration::from_secs(config.upstream.idle_timeout_seconds),
-    )?;
+    let connect_timeout = Duration::from_secs(config.upstream.connect_timeout_seconds);
+    let idle_timeout = Duration::from_secs(config.upstream.idle_timeout_seconds);
+    let mut upstream = Upstream::new(&kube_config, connect_timeout, idle_timeout)?;
+    if let Some(fallback) = &config.upstream.fallback {
+        let fallback_config =
+            upstream::load_kube_config(Some(&fallback.kubeconfig), fallback.context.clone())
+                .await?;
+        let same = Identity::detect(
+            &fallback_config,
+            config.upstream.identity,
+            &config.node_name,
+        )
+        .map_err(upstream::UpstreamError::Config)?;
+        if same != identity {
+            return Err(RunError::Upstream(upstream::UpstreamError::Config(
+                format!(
+                    "{}: upstream.fallback gives the proxy another identity ({same:?}) than \
+                 upstream.kubeconfig ({identity:?})",
+                    fallback.kubeconfig.display()
+                ),
+            )));
+        }
+        upstream = upstream.with_fallback(&fallback_config, connect_timeout, idle_timeout)?;
+    }
     match identity.node() {
         Some(node) => {
             tracing::info!(upstream = %upstream.base(), %node, "upstream configured; acting as the node")
@@ -349,6 +368,8 @@ pub async fn run(
     }
     tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     upstream.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
+    upstream.set_fallback_gauge(metrics.upstream_fallback_active.clone());
+    upstream.spawn_primary_recheck(token.clone());
     let admin = Admin {
         metrics: metrics.clone(),
         readiness: readiness.clone(),

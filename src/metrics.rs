@@ -243,6 +243,8 @@ pub struct Metrics {
     pub ready: IntGauge,
     /// The serving certificate's notAfter (set at scrape).
     pub serving_certificate_expiry: IntGauge,
+    /// 1 while `upstream.fallback` is used, else 0.
+    pub upstream_fallback_active: IntGauge,
 }
 
 /// `reason` values of `upstream_errors_total` (from
@@ -370,6 +372,14 @@ impl Metrics {
             )
             .namespace(NS),
         )?;
+        let upstream_fallback_active = IntGauge::with_opts(
+            Opts::new(
+                "upstream_fallback_active",
+                "1 while upstream.fallback is used because upstream.kubeconfig's server cannot be reached, else 0.",
+            )
+            .namespace(NS),
+        )?;
+        registry.register(Box::new(upstream_fallback_active.clone()))?;
         registry.register(Box::new(proxy_overhead.clone()))?;
         registry.register(Box::new(ready.clone()))?;
         registry.register(Box::new(serving_certificate_expiry.clone()))?;
@@ -417,6 +427,7 @@ impl Metrics {
             proxy_overhead,
             ready,
             serving_certificate_expiry,
+            upstream_fallback_active,
         })
     }
 

@@ -56,7 +56,7 @@ fn help_documents_every_flag() {
         "--validate-config",
         // Accepted values, and what is not a flag.
         "VersionTLS12, VersionTLS13",
-        "Auto, Node, AsGiven",
+        "Auto, Node, AsGiven, Tier",
         "RUST_LOG",
         "Exit status:",
         "  64  ",

@@ -60,6 +60,10 @@ use super::resource::ResourceCache;
 use super::store::Start;
 use super::watcher::{self, WatchParams};
 
+/// Why a read passes through when its resourceVersion is older than the
+/// cache's history.
+pub const OLDER_THAN_THE_CACHE: &str = "resourceVersion older than the cache";
+
 /// The cache's decision on a read.
 #[derive(Debug)]
 pub enum Answer {
@@ -363,7 +367,7 @@ async fn exact_list(
         return status(s);
     }
     let Some(objects) = cache.snapshot_at(rv) else {
-        return Answer::PassThrough("resourceVersion older than the cache");
+        return Answer::PassThrough(OLDER_THAN_THE_CACHE);
     };
     let page = list::select(&objects, filter, prefix, start, limit, rv);
     Answer::Served(list::response(page, cache.info(), rv))
@@ -441,6 +445,6 @@ async fn serve_watch(
         // Events between N and the cache's oldest are unknown here; upstream
         // may still hold them (its watch cache often reaches further back),
         // and answers `410 Expired` itself when it does not.
-        Err(_too_old) => Answer::PassThrough("resourceVersion older than the cache"),
+        Err(_too_old) => Answer::PassThrough(OLDER_THAN_THE_CACHE),
     }
 }
