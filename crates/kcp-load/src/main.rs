@@ -184,9 +184,9 @@ struct ListArgs {
     /// Requests per client before measuring.
     #[arg(long, default_value_t = 1)]
     warmup: usize,
-    /// Path and query of the list.
-    #[arg(long, default_value = "/api/v1/pods?resourceVersion=0")]
-    path: String,
+    /// Path and query of the list (repeatable: each is measured in turn).
+    #[arg(long = "path", default_value = "/api/v1/pods?resourceVersion=0")]
+    paths: Vec<String>,
     #[command(flatten)]
     load: LoadArgs,
 }
@@ -716,6 +716,30 @@ fn object_body(kind: &str, api_version: &str, ns: &str, name: &str, payload: &st
     Bytes::from(serde_json::to_vec(&o).unwrap_or_default())
 }
 
+/// `metadata.resourceVersion` of a JSON object.
+fn resource_version_of(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<Value>(body)
+        .ok()?
+        .pointer("/metadata/resourceVersion")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// `body` (a JSON object) with `metadata.resourceVersion` set to `rv`.
+fn with_resource_version(body: &Bytes, rv: &str) -> Bytes {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(mut o) => {
+            if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.insert("resourceVersion".into(), rv.into());
+            }
+            serde_json::to_vec(&o)
+                .map(Bytes::from)
+                .unwrap_or_else(|_| body.clone())
+        }
+        Err(_) => body.clone(),
+    }
+}
+
 struct WriterPlan {
     kind: String,
     api_version: String,
@@ -740,6 +764,9 @@ async fn writer(target: Target, proto: Proto, plan: WriterPlan) -> WriteOut {
         }
     };
     let mut created = vec![false; plan.names.len()];
+    // Each object's last resourceVersion: an update of a Lease must carry
+    // one (`metadata.resourceVersion: must be specified for an update`).
+    let mut rvs: Vec<Option<String>> = vec![None; plan.names.len()];
     let mut next = tokio::time::Instant::now();
     let mut i = 0usize;
     while Instant::now() < plan.end {
@@ -757,23 +784,42 @@ async fn writer(target: Target, proto: Proto, plan: WriterPlan) -> WriteOut {
         } else {
             (Method::POST, plan.collection.clone())
         };
-        let body = object_body(
+        let mut body = object_body(
             &plan.kind,
             &plan.api_version,
             &plan.namespace,
             name,
             &plan.payload,
         );
+        if let (true, Some(rv)) = (created[k], &rvs[k]) {
+            body = with_resource_version(&body, rv);
+        }
         let start = Instant::now();
         match target.fetch(&mut conn, method, &path, Some(body)).await {
             Ok(r) if r.status.is_success() => {
                 out.ok += 1;
                 out.latencies.push(micros(start.elapsed()));
                 created[k] = true;
+                rvs[k] = resource_version_of(&r.body);
             }
-            Ok(r) if r.status == StatusCode::CONFLICT && !created[k] => {
-                // Left over from an earlier run: update it from now on.
+            Ok(r) if r.status == StatusCode::CONFLICT => {
+                // Left over from an earlier run, or written meanwhile:
+                // update it from its current resourceVersion.
+                if created[k] {
+                    out.errors += 1;
+                    out.last_error =
+                        Some(format!("{} {}", r.status, String::from_utf8_lossy(&r.body)));
+                }
                 created[k] = true;
+                let current = target
+                    .fetch(
+                        &mut conn,
+                        Method::GET,
+                        &format!("{}/{name}", plan.collection),
+                        None,
+                    )
+                    .await;
+                rvs[k] = current.ok().and_then(|r| resource_version_of(&r.body));
             }
             Ok(r) => {
                 out.errors += 1;
@@ -1033,8 +1079,7 @@ async fn list(a: &ListArgs) -> Result<()> {
 
 async fn list_on(target: &Target, env: Option<&Env>, a: &ListArgs) -> Result<Vec<Compared>> {
     let plan = Plan::new(target, env, &a.target, &a.load).await?;
-    plan.run(std::slice::from_ref(&a.path), a.requests, a.warmup)
-        .await
+    plan.run(&a.paths, a.requests, a.warmup).await
 }
 
 /// Times `n` sequential lists of `path` on one connection.
@@ -2347,7 +2392,7 @@ async fn self_test() -> Result<()> {
             target: target_args.clone(),
             requests: 5,
             warmup: 1,
-            path: "/api/v1/namespaces/default/configmaps".into(),
+            paths: vec!["/api/v1/namespaces/default/configmaps".into()],
             load: load_args(20, 20.0),
         },
     )
@@ -2360,7 +2405,7 @@ async fn self_test() -> Result<()> {
             target: target_args.clone(),
             requests: 5,
             warmup: 1,
-            path: "/api/v1/namespaces/default/configmaps?resourceVersion=0".into(),
+            paths: vec!["/api/v1/namespaces/default/configmaps?resourceVersion=0".into()],
             load: load_args(20, 0.0),
         },
     )
@@ -2518,5 +2563,16 @@ mod tests {
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["data"]["payload"], "AAAA");
         assert!(sent_at(&body).is_some());
+    }
+
+    #[test]
+    fn updates_carry_the_last_resource_version() {
+        let body = object_body("Lease", "coordination.k8s.io/v1", "default", "l", "");
+        assert_eq!(resource_version_of(&body), None);
+        let updated = with_resource_version(&body, "42");
+        assert_eq!(resource_version_of(&updated).as_deref(), Some("42"));
+        let v: Value = serde_json::from_slice(&updated).unwrap();
+        assert_eq!(v["spec"]["holderIdentity"], "l");
+        assert!(sent_at(&updated).is_some());
     }
 }
