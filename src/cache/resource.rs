@@ -333,11 +333,18 @@ impl ResourceCache {
         arrived: Instant,
         start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, String>>,
     ) -> Result<u64, String> {
-        let probe = self.probe.lock().join(arrived, start_probe);
-        let result = probe.await;
-        self.metrics
-            .probe(if result.is_ok() { "ok" } else { "error" });
-        result
+        // Counted once per upstream probe, not per request sharing it.
+        let metrics = self.metrics.clone();
+        let probe = self.probe.lock().join(arrived, move || {
+            let probe = start_probe();
+            async move {
+                let result = probe.await;
+                metrics.probe(if result.is_ok() { "ok" } else { "error" });
+                result
+            }
+            .boxed()
+        });
+        probe.await
     }
 }
 
@@ -414,7 +421,12 @@ pub(crate) mod tests {
     use std::sync::Arc;
 
     pub(crate) fn test_cache() -> ResourceCache {
-        let metrics = CacheMetrics::new(&prometheus::Registry::new()).unwrap();
+        test_cache_in(&prometheus::Registry::new())
+    }
+
+    /// A test cache whose metrics are registered in `registry`.
+    fn test_cache_in(registry: &prometheus::Registry) -> ResourceCache {
+        let metrics = CacheMetrics::new(registry).unwrap();
         ResourceCache::new(
             ResourceInfo {
                 gvr: Gvr {
@@ -499,7 +511,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn one_probe_in_flight_and_one_queued() {
-        let c = Arc::new(test_cache());
+        let registry = prometheus::Registry::new();
+        let c = Arc::new(test_cache_in(&registry));
         let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let start = |calls: Arc<std::sync::atomic::AtomicU32>| {
             move || -> BoxFuture<'static, Result<u64, String>> {
@@ -531,6 +544,16 @@ pub(crate) mod tests {
             assert_eq!(l.await.unwrap(), Ok(2));
         }
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // The metric counts upstream probes, not the requests sharing them.
+        let probes: f64 = registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "kube_cache_proxy_cache_consistency_probes_total")
+            .flat_map(|f| f.get_metric())
+            .filter(|m| m.get_label().iter().any(|l| l.value() == "ok"))
+            .map(|m| m.get_counter().get_value())
+            .sum();
+        assert_eq!(probes, 2.0);
     }
 
     #[tokio::test]
