@@ -80,6 +80,11 @@ pub struct ReadSettings {
 
 type Probe = Shared<BoxFuture<'static, Result<u64, String>>>;
 
+/// How long consistent lists pass straight through, unprobed, after a
+/// probe found the cache behind upstream: at most one probe per resource
+/// per interval then.
+pub const REPROBE_BEHIND: Duration = Duration::from_secs(1);
+
 /// A resource's cache.
 pub struct ResourceCache {
     info: ResourceInfo,
@@ -91,6 +96,8 @@ pub struct ResourceCache {
     bookmark_template: Mutex<Option<Value>>,
     snapshots: moka::sync::Cache<u64, Objects>,
     probe: Mutex<ProbeSlot>,
+    /// When a probe last found the cache behind upstream, while it is.
+    behind_since: Mutex<Option<Instant>>,
     /// Since when upstream could not be watched, if it cannot.
     upstream_down_since: Mutex<Option<Instant>>,
     pub metrics: ResourceMetrics,
@@ -124,6 +131,7 @@ impl ResourceCache {
             synced,
             progress_wanted: Notify::new(),
             bookmark_template: Mutex::new(None),
+            behind_since: Mutex::new(None),
             // Reconstructed snapshots, so paging through a list at one RV
             // does not rebuild it per page.
             snapshots: moka::sync::Cache::builder()
@@ -312,6 +320,29 @@ impl ResourceCache {
         self.metrics
             .read_wait("ready", start.elapsed().as_secs_f64());
         ok
+    }
+
+    /// Whether a probe found the cache behind upstream less than
+    /// [`REPROBE_BEHIND`] ago: a consistent list then passes straight
+    /// through instead of paying for a probe that would most likely find
+    /// the same. A quiet resource in a busy cluster stays behind, because
+    /// the probe returns etcd's revision, which every write anywhere moves,
+    /// while the cache learns newer revisions only from its own events and
+    /// bookmarks.
+    pub fn known_behind(&self) -> bool {
+        self.behind_since
+            .lock()
+            .is_some_and(|at| at.elapsed() < REPROBE_BEHIND)
+    }
+
+    /// Records what a probe found: the cache fresh, or behind (then a
+    /// progress watch is asked for, so a resource that is only briefly
+    /// behind catches up within about a second).
+    pub fn note_probe(&self, fresh: bool) {
+        *self.behind_since.lock() = (!fresh).then(Instant::now);
+        if !fresh {
+            self.progress_wanted.notify_one();
+        }
     }
 
     /// Resolves when a reader waits for freshness the cache lacks.
