@@ -417,6 +417,7 @@ pub fn negotiate(
     };
     let metadata = match convert {
         None => None,
+        Some(c) if c.kind == "Table" => return Err("table"),
         Some(c) => {
             let wanted = match verb {
                 Verb::Get | Verb::Watch => "PartialObjectMetadata",
@@ -514,7 +515,7 @@ mod tests {
                 "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
                 Verb::List
             ),
-            Err("representation")
+            Err("table")
         );
     }
 
