@@ -302,6 +302,17 @@ async fn hollow_node_runs_through_the_proxy() {
             "{resource}: not served in protobuf\n{metrics}"
         );
     }
+    // Neither asks for a Table (`kubectl get` does): the measurement
+    // behind Tables passing through (docs/design.md, "Representations").
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "kube_cache_proxy_cache_reads_total",
+            &[("reason", "table")]
+        ),
+        0.0,
+        "a node agent asked for a Table\n{metrics}"
+    );
 
     // The apiserver serves, beyond what it served before the proxy
     // started, exactly the proxy's own upstream watches (its reflectors,

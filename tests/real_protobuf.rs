@@ -5,7 +5,8 @@
 //! through the proxy, get the same answer — byte for byte, except a list's
 //! and a bookmark's resourceVersion (`support::differential` says why) —
 //! and are answered from the cache. Protobuf lists are also decoded on
-//! both sides into the same typed values (`k8s-pb`).
+//! both sides into the same typed values (`k8s-pb`). Tables pass
+//! through: the same answer as the apiserver's, counted as passed through.
 //!
 //! Skipped, with one line, where no control plane is available.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -25,6 +26,7 @@ use support::real::{RealEnv, eventually, metric_sum};
 const PB: &str = "application/vnd.kubernetes.protobuf";
 /// What kubelet and kube-proxy send (client-go's protobuf content type).
 const KUBELET: &str = "application/vnd.kubernetes.protobuf,application/json";
+const TABLE_V1: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 
 /// The `Accept` headers of each representation, for lists and for gets
 /// and watches.
@@ -677,4 +679,145 @@ async fn protobuf_only_node_reads_come_from_the_cache() {
     let f = w.next_protobuf(Duration::from_secs(10)).await.unwrap();
     assert_eq!(event(&f).0, "ADDED");
     assert!(served(&env, "protobuf").await >= before + 2.0);
+}
+
+/// What `kubectl get` sends.
+const KUBECTL_TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+
+/// A Table (or a watch event's) comparable parts: the column definitions,
+/// and each row's cells without Age (its value moves with the clock), its
+/// conditions and its object; the Table's resourceVersion left out (a
+/// list's is the apiserver's cache RV at the moment it answered).
+fn table_parts(table: &Value, age: Option<usize>) -> Value {
+    assert_eq!(table["kind"], "Table", "not a Table: {table}");
+    // A watch's later events have no column definitions (the apiserver
+    // sends them once): `age` says where Age is then.
+    let columns = &table["columnDefinitions"];
+    let age = match columns.as_array() {
+        Some(c) => c.iter().position(|c| c["name"] == "Age"),
+        None => age,
+    };
+    let rows: Vec<Value> = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let mut cells = r["cells"].as_array().unwrap().clone();
+            if let Some(age) = age {
+                cells.remove(age);
+            }
+            json!({"cells": cells, "conditions": r.get("conditions"), "object": r.get("object")})
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no rows: {table}");
+    json!({"apiVersion": table["apiVersion"], "columns": columns, "rows": rows})
+}
+
+/// Tables (what `kubectl get` asks for) pass through, by design
+/// (docs/design.md, "Representations"): lists, gets and watches of every
+/// default cached resource through the proxy answer what the apiserver
+/// answers, and are counted as passed through for `table`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_pass_through_to_the_apiserver() {
+    let Some(env) = RealEnv::start().await else {
+        return;
+    };
+    let ns = env.namespace("pb-tables").await;
+    let (label, node) = ("pb-tables", "pb-tables-node");
+    fixtures(&env, &ns, label, node).await;
+    let rv = env.current_rv().await;
+    let admin = env.admin();
+    let (direct, proxy) = (env.direct(admin.clone()), env.proxy(admin));
+    let colls = collections(&ns, label, node);
+    synced(&direct, &proxy, &colls, rv).await;
+    let tables = || async {
+        metric_sum(
+            &env.proxy_metrics().await,
+            "kube_cache_proxy_cache_reads_total",
+            &[("source", "upstream"), ("reason", "table")],
+        )
+    };
+    let before = tables().await;
+
+    let mut reads = 0;
+    for (list, get) in &colls {
+        let sep = if list.contains('?') { '&' } else { '?' };
+        for accept in [TABLE_V1, KUBECTL_TABLE] {
+            for path in [
+                format!("{list}{sep}resourceVersion=0"),
+                format!("{list}{sep}resourceVersion=0&includeObject=Object"),
+                format!("{list}{sep}resourceVersion=0&includeObject=None"),
+                format!("{get}?resourceVersion=0"),
+            ] {
+                let h = [("accept", accept)];
+                let (d, p) = tokio::join!(
+                    direct.send(Method::GET, &path, &h, None),
+                    proxy.send(Method::GET, &path, &h, None)
+                );
+                let what = format!("{path} [{accept}]");
+                assert_eq!(d.status, 200, "{what}: {}", d.text());
+                assert_eq!(p.status, d.status, "{what}: {}", p.text());
+                assert_eq!(p.header("content-type"), d.header("content-type"), "{what}");
+                assert_eq!(
+                    table_parts(&p.json(), None),
+                    table_parts(&d.json(), None),
+                    "{what}"
+                );
+                reads += 1;
+            }
+        }
+    }
+    // An error is the apiserver's too.
+    let bad = format!("/api/v1/namespaces/{ns}/pods?resourceVersion=0&includeObject=Bogus");
+    let h = [("accept", TABLE_V1)];
+    let (d, p) = tokio::join!(
+        direct.send(Method::GET, &bad, &h, None),
+        proxy.send(Method::GET, &bad, &h, None)
+    );
+    assert_eq!((p.status, p.text()), (d.status, d.text()), "{bad}");
+    reads += 1;
+
+    // A watch in Tables: the same events.
+    let pods_table = direct
+        .send(
+            Method::GET,
+            &format!("/api/v1/namespaces/{ns}/pods?resourceVersion=0"),
+            &h,
+            None,
+        )
+        .await
+        .json();
+    let age = pods_table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| c["name"] == "Age");
+    let watch = format!("/api/v1/namespaces/{ns}/pods?watch=1&resourceVersion=0");
+    let dw = direct.watch(&watch, &h).await;
+    let pw = proxy.watch(&watch, &h).await;
+    assert_eq!(pw.status, dw.status);
+    assert_eq!(
+        pw.headers.get("content-type"),
+        dw.headers.get("content-type")
+    );
+    let events = |mut w: WatchStream| async move {
+        let mut e = w.events(2, Duration::from_secs(10)).await;
+        e.sort_by_key(|e| {
+            e["object"]["rows"][0]["cells"][0]
+                .as_str()
+                .map(String::from)
+        });
+        e.iter()
+            .map(|e| json!({"type": e["type"], "table": table_parts(&e["object"], age)}))
+            .collect::<Vec<_>>()
+    };
+    let (de, pe) = tokio::join!(events(dw), events(pw));
+    assert_eq!(pe, de, "{watch}");
+    reads += 1;
+
+    let after = tables().await;
+    assert!(
+        after - before >= reads as f64,
+        "Table reads passed through: {before} -> {after}, {reads} made"
+    );
 }
