@@ -243,6 +243,15 @@ pub async fn kubelet(a: &KubeletArgs) -> Result<()> {
     )
     .await
     .context("the hollow node is not Ready")?;
+    // No controller manager runs: the namespace's service account, which
+    // admission wants for a pod, is made here.
+    send(
+        &admin,
+        Method::POST,
+        &format!("/api/v1/namespaces/{NAMESPACE}/serviceaccounts"),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+    )
+    .await?;
     for i in 0..a.pods {
         send(
             &admin,
