@@ -70,6 +70,8 @@ pub struct Cli {
 
 /// Subcommands. Without one, the proxy serves.
 #[derive(Debug, Subcommand)]
+// Parsed once at start: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve (the default).
     Serve(ServeArgs),
@@ -77,6 +79,40 @@ pub enum Command {
     /// front of it, and print the kubeconfig and curl lines to reach it.
     #[cfg(feature = "demo")]
     Demo(DemoArgs),
+    /// Create the node's state directory (snapshots, takeover socket) owned
+    /// by the user the proxy runs as, mode 0700: for an init container
+    /// running as root with only CAP_CHOWN, since the hostPath volume
+    /// kubelet creates is root's.
+    PrepareStateDir(PrepareStateDirArgs),
+    /// GET a plain-HTTP URL on this host and exit 0 if it answers 200 (1
+    /// otherwise): an exec probe of the loopback-only admin port where
+    /// kubelet cannot reach it (a pod not on the host network).
+    Probe(ProbeArgs),
+}
+
+/// Flags of `probe`.
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// The URL, e.g. http://127.0.0.1:9444/readyz.
+    #[arg(long, value_name = "URL")]
+    pub url: String,
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 3)]
+    pub timeout_seconds: u64,
+}
+
+/// Flags of `prepare-state-dir`.
+#[derive(Debug, Clone, Args)]
+pub struct PrepareStateDirArgs {
+    /// The directory, e.g. /var/lib/kube-cache-proxy.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Its owner's uid.
+    #[arg(long, default_value_t = 65532)]
+    pub uid: u32,
+    /// Its owner's gid.
+    #[arg(long, default_value_t = 65532)]
+    pub gid: u32,
 }
 
 /// Log output format (`--logging-format`).
@@ -114,7 +150,7 @@ pub struct ServeArgs {
     pub upstream_context: Option<String>,
     /// Who the proxy is upstream (upstream.identity): Auto (the node when
     /// the credential is a node's, else as given), Node (the node, or exit
-    /// 64), AsGiven.
+    /// 64), AsGiven, Tier (the upstream of node proxies: docs/tier.md).
     #[arg(long, value_name = "MODE", value_parser = identity_parser())]
     pub upstream_identity: Option<IdentityMode>,
     /// PEM serving certificate (chain), like kube-apiserver's flag.
@@ -138,6 +174,14 @@ pub struct ServeArgs {
     /// downward API's `spec.nodeName`).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// Directory of the cache snapshots (cache.persistence.directory); ""
+    /// turns them off.
+    #[arg(long, value_name = "DIR")]
+    pub cache_persistence_directory: Option<PathBuf>,
+    /// Unix socket a successor takes the listeners over on
+    /// (takeover.socketPath); "" turns takeover off.
+    #[arg(long, value_name = "PATH")]
+    pub takeover_socket_path: Option<PathBuf>,
 }
 
 /// Flags of `demo`.
@@ -181,15 +225,18 @@ impl ServeArgs {
             tls_min_version: self.tls_min_version,
             shutdown_grace_period_seconds: self.shutdown_grace_period_seconds,
             node_name: self.node_name.clone(),
+            cache_persistence_directory: self.cache_persistence_directory.clone(),
+            takeover_socket_path: self.takeover_socket_path.clone(),
         }
     }
 }
 
-/// `Auto`, `Node` or `AsGiven`, listed by `--help`.
+/// `Auto`, `Node`, `AsGiven` or `Tier`, listed by `--help`.
 fn identity_parser() -> impl clap::builder::TypedValueParser<Value = IdentityMode> {
-    PossibleValuesParser::new(["Auto", "Node", "AsGiven"]).map(|s| match s.as_str() {
+    PossibleValuesParser::new(["Auto", "Node", "AsGiven", "Tier"]).map(|s| match s.as_str() {
         "Node" => IdentityMode::Node,
         "AsGiven" => IdentityMode::AsGiven,
+        "Tier" => IdentityMode::Tier,
         _ => IdentityMode::Auto,
     })
 }

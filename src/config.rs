@@ -682,6 +682,11 @@ pub enum IdentityMode {
     Node,
     /// The credential as given.
     AsGiven,
+    /// A tier proxy, the upstream of node proxies (docs/tier.md): its own
+    /// reads with the credential as given; a node's certificate requests
+    /// forwarded as that node by constrained impersonation
+    /// (`impersonate:arbitrary-node`); any other certificate user refused.
+    Tier,
 }
 
 /// Upstream (kube-apiserver) settings.
@@ -706,6 +711,24 @@ pub struct UpstreamConfig {
     pub connect_timeout_seconds: u64,
     /// Idle pooled connections are closed after this long. Default 90 s.
     pub idle_timeout_seconds: u64,
+    /// Where to go when `kubeconfig`'s server cannot be reached: for a node
+    /// proxy whose upstream is a tier of proxies (docs/tier.md), the
+    /// apiserver itself. Unset (default): none.
+    pub fallback: Option<FallbackConfig>,
+}
+
+/// `upstream.fallback`: another server, used while the primary cannot be
+/// reached (three connection failures in a row), until it answers again
+/// (tried every 10 s ±50 %). Its credential must give the proxy the same
+/// identity.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FallbackConfig {
+    /// Kubeconfig file of the fallback server.
+    pub kubeconfig: PathBuf,
+    /// Context of that kubeconfig. Unset: its current context.
+    #[serde(default)]
+    pub context: Option<String>,
 }
 
 // === impl Config ===
@@ -741,6 +764,7 @@ impl Default for UpstreamConfig {
             identity: IdentityMode::Auto,
             connect_timeout_seconds: 5,
             idle_timeout_seconds: 90,
+            fallback: None,
         }
     }
 }
@@ -760,6 +784,8 @@ pub struct Overrides {
     pub tls_min_version: Option<TlsVersion>,
     pub shutdown_grace_period_seconds: Option<u64>,
     pub node_name: Option<String>,
+    pub cache_persistence_directory: Option<PathBuf>,
+    pub takeover_socket_path: Option<PathBuf>,
 }
 
 impl Config {
@@ -842,6 +868,13 @@ impl Config {
         }
         if let Some(v) = &o.node_name {
             self.node_name = v.clone();
+        }
+        if let Some(v) = &o.cache_persistence_directory {
+            self.cache.persistence.directory =
+                Some(v.clone()).filter(|v| !v.as_os_str().is_empty());
+        }
+        if let Some(v) = &o.takeover_socket_path {
+            self.takeover.socket_path = Some(v.clone()).filter(|v| !v.as_os_str().is_empty());
         }
     }
 
@@ -928,6 +961,9 @@ impl Config {
         }
         if let Some(kc) = &self.upstream.kubeconfig {
             readable("upstream.kubeconfig", kc)?;
+        }
+        if let Some(f) = &self.upstream.fallback {
+            readable("upstream.fallback.kubeconfig", &f.kubeconfig)?;
         }
         if self.upstream.connect_timeout_seconds == 0 {
             return Err(ConfigError::invalid(

@@ -92,16 +92,23 @@ impl Handler {
     }
 
     /// The cache that may answer this request: a GET of a cached resource
-    /// (no subresource) by get, list or watch.
+    /// (no subresource) by get, list or watch, on a path the apiserver
+    /// routes to exactly these fields ([`RequestInfo::routable`]). A
+    /// namespace `.` or `..` (of a namespaced resource: the namespace
+    /// `..` itself is a name the registry refuses) is left to the
+    /// apiserver: its storage refuses the key (`500`, `invalid key:
+    /// "/pods/."`), naming the resource's storage prefix, which the cache
+    /// does not know.
     fn cache_for(
         &self,
         req: &Request<Incoming>,
         info: &RequestInfo,
     ) -> Option<&Arc<ResourceCache>> {
         if req.method() != http::Method::GET
-            || !info.is_resource_request
+            || !info.routable
             || !info.subresource.is_empty()
             || !info.is_read()
+            || (matches!(info.namespace.as_str(), "." | "..") && info.resource != "namespaces")
         {
             return None;
         }
@@ -120,14 +127,20 @@ impl Handler {
             &info,
             self.known_resources.contains(&info.resource),
         );
+        // Decoded from the path, these may hold any character: logged
+        // escaped, so a `%0A` cannot forge a log line.
         let span = tracing::debug_span!(
             "request",
             k8s.verb = %info.verb,
-            k8s.resource = %info.resource,
-            k8s.namespace = %info.namespace,
+            k8s.resource = %info.resource.escape_debug(),
+            k8s.namespace = %info.namespace.escape_debug(),
         );
         let extra_space = BearerHeader::of(req.headers()) == BearerHeader::ExtraSpace;
-        let (mut resp, source) = self.dispatch(req, &info, conn).instrument(span).await;
+        let (mut resp, source) = if info.malformed_path {
+            (malformed_request_line(req.version()), Source::Proxy)
+        } else {
+            self.dispatch(req, &info, conn).instrument(span).await
+        };
         if extra_space {
             warn_extra_space(&mut resp);
         }
@@ -141,7 +154,8 @@ impl Handler {
         info: &RequestInfo,
         conn: &ConnInfo,
     ) -> (Response<Body>, Source) {
-        let credential = match Credential::of(&conn.cert, req.headers()) {
+        let websocket = crate::websocket::is_websocket_request(req.headers());
+        let credential = match Credential::of(&conn.cert, req.headers(), websocket) {
             Ok(Credential::None) if !self.auth.anonymous_enabled() => None,
             Ok(credential) => Some(credential),
             Err(_) => None,
@@ -149,6 +163,7 @@ impl Handler {
         let Some(credential) = credential else {
             return (crate::auth::unauthorized().into_response(), Source::Proxy);
         };
+        let mut req = req;
         // The user the request acts as, once known.
         let mut identity: Option<UserInfo> = None;
         let cache = self.cache_for(&req, info).filter(|cache| {
@@ -171,10 +186,28 @@ impl Handler {
                     identity = Some(user);
                     match self.auth.authorize(&attrs).await {
                         Ok(Decision::Allow) => {
-                            if let Some(resp) = self.answer_from_cache(cache, &req, info).await {
-                                return (resp, Source::Cache);
+                            match self.answer_from_cache(cache, &req, info).await {
+                                Ok(resp) => {
+                                    let resp = if websocket && info.verb == "watch" {
+                                        upgrade_watch(&mut req, &credential, resp)
+                                    } else {
+                                        resp
+                                    };
+                                    return (resp, Source::Cache);
+                                }
+                                Err(reason)
+                                    if info.verb == "watch"
+                                        && crate::cache::serve::is_transient(reason) =>
+                                {
+                                    catch_up_only(&mut req);
+                                }
+                                Err(_) => {}
                             }
                         }
+                        // The message quotes the request's names as Go's
+                        // `%q`, exactly reproduced for ASCII: others are
+                        // refused by the apiserver itself.
+                        Ok(Decision::Deny(_)) if !attrs.quotes_exactly() => {}
                         Ok(Decision::Deny(reason)) => {
                             return (forbidden(&attrs, &reason).into_response(), Source::Proxy);
                         }
@@ -182,15 +215,28 @@ impl Handler {
                             // Upstream decides instead; it will authorize the
                             // request itself.
                             tracing::debug!(%error, "authorization unavailable; passing through");
+                            if info.verb == "watch" {
+                                catch_up_only(&mut req);
+                            }
                         }
                     }
                 }
+                // A rejected `Authorization` token leaves the apiserver's
+                // chain to try a token subprotocol: it decides.
+                Err(AuthFailure::Unauthorized)
+                    if websocket
+                        && matches!(credential, Credential::Bearer(_))
+                        && crate::auth::ProtocolToken::of(req.headers())
+                            != crate::auth::ProtocolToken::None => {}
                 Err(AuthFailure::Unauthorized) => {
                     return (crate::auth::unauthorized().into_response(), Source::Proxy);
                 }
                 Err(AuthFailure::Status(status)) => return (status.into_response(), Source::Proxy),
                 Err(AuthFailure::Unavailable(error)) => {
                     tracing::debug!(%error, "authentication unavailable; passing through");
+                    if info.verb == "watch" {
+                        catch_up_only(&mut req);
+                    }
                 }
             }
         }
@@ -198,13 +244,13 @@ impl Handler {
             .await
     }
 
-    /// Answers from the cache, or `None` when the cache declines.
+    /// Answers from the cache, or why the cache declines.
     async fn answer_from_cache(
         &self,
         cache: &Arc<ResourceCache>,
         req: &Request<Incoming>,
         info: &RequestInfo,
-    ) -> Option<Response<Body>> {
+    ) -> Result<Response<Body>, &'static str> {
         let gauge = self
             .metrics
             .in_flight
@@ -220,9 +266,9 @@ impl Handler {
         match serve(cache, &self.upstream, read, &self.shutdown).await {
             Answer::Served(resp) => {
                 let (parts, body) = resp.into_parts();
-                Some(Response::from_parts(parts, body::guarded(body, guard)))
+                Ok(Response::from_parts(parts, body::guarded(body, guard)))
             }
-            Answer::PassThrough(_) => None,
+            Answer::PassThrough(reason) => Err(reason),
         }
     }
 
@@ -240,6 +286,14 @@ impl Handler {
             // As a node, the proxy forwards only its node's own requests.
             Credential::Certificate(user) if self.identity.node().is_some() => {
                 match self.as_node(user, req.headers()) {
+                    Ok(headers) => (headers, Credentials::Proxy),
+                    Err(status) => return (status.into_response(), Source::Proxy),
+                }
+            }
+            // A tier forwards nodes (node proxies, their kubelets) as
+            // themselves.
+            Credential::Certificate(user) if self.identity == Identity::Tier => {
+                match as_any_node(user, req.headers()) {
                     Ok(headers) => (headers, Credentials::Proxy),
                     Err(status) => return (status.into_response(), Source::Proxy),
                 }
@@ -288,7 +342,7 @@ impl Handler {
             Credential::Bearer(token) if self.auth.tokens().known_authenticated(token).await => {
                 (req.headers().clone(), Credentials::Client)
             }
-            Credential::Bearer(_) | Credential::None => {
+            Credential::Bearer(_) | Credential::WebSocket { .. } | Credential::None => {
                 (req.headers().clone(), Credentials::ClientHttp1)
             }
         };
@@ -298,6 +352,10 @@ impl Handler {
             .with_label_values(&[Source::Upstream.as_str()]);
         gauge.inc();
         let guard = InFlight(gauge);
+        // Subscribed before sending: a switch of upstream after it ends a
+        // passed-through watch (its client re-watches, from the server that
+        // is now active).
+        let site_changed = self.upstream.site_changed();
         let result = if proxy::is_upgrade(&req) {
             proxy::forward_upgrade(&self.upstream, req, headers, credentials, conn.remote).await
         } else {
@@ -310,10 +368,17 @@ impl Handler {
                 // its client re-watches (from the successor, after a
                 // takeover) from its last resourceVersion.
                 if info.verb == "watch" && parts.status == http::StatusCode::OK {
+                    let shutdown = self.shutdown.clone().cancelled_owned();
+                    let moved = site_changed;
                     body = proxy::drainable_watch(
                         body,
                         parts.headers.get(header::CONTENT_TYPE),
-                        self.shutdown.clone(),
+                        async move {
+                            tokio::select! {
+                                () = shutdown => {}
+                                () = moved => {}
+                            }
+                        },
                     );
                 }
                 (
@@ -326,7 +391,7 @@ impl Handler {
                     .upstream_errors
                     .with_label_values(&[err.reason()])
                     .inc();
-                tracing::warn!(error = %err, verb = %info.verb, path = %info.path, "pass-through failed");
+                tracing::warn!(error = %err, verb = %info.verb, path = %info.path.escape_debug(), "pass-through failed");
                 (proxy::error_response(&err), Source::Proxy)
             }
         }
@@ -402,6 +467,62 @@ impl Handler {
     }
 }
 
+/// A watch served from the cache, as a WebSocket when the request asks
+/// for one (see [`crate::websocket`]): once the watch is established
+/// (`200`), the handshake is checked against the request as the
+/// authentication filter left it (a token subprotocol that authenticated
+/// the request removed), and the watch switches protocols or is refused.
+/// Watches that could not start (errors) are answered as they are.
+fn upgrade_watch(
+    req: &mut Request<Incoming>,
+    credential: &Credential,
+    resp: Response<Body>,
+) -> Response<Body> {
+    if resp.status() != http::StatusCode::OK {
+        return resp;
+    }
+    // hyper hands the connection over only for `Connection: upgrade`
+    // (a token); Go also takes `Connection: upgraded`.
+    let Some(on_upgrade) = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() else {
+        return resp;
+    };
+    let rewritten;
+    let headers = match credential {
+        Credential::WebSocket { protocols, .. } => {
+            let mut h = req.headers().clone();
+            h.remove(header::SEC_WEBSOCKET_PROTOCOL);
+            if let Ok(v) = HeaderValue::from_str(protocols) {
+                h.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
+            }
+            rewritten = h;
+            &rewritten
+        }
+        _ => req.headers(),
+    };
+    match crate::websocket::handshake(req.method(), req.uri(), headers) {
+        Ok(accepted) => crate::websocket::serve(on_upgrade, accepted, resp),
+        Err(refusal) => refusal,
+    }
+}
+
+/// What Go's HTTP server answers when the request target does not parse
+/// (`url.ParseRequestURI`: a malformed percent-escape), before any
+/// handler: `400 Bad Request` in plain text, closing an HTTP/1.x
+/// connection. (Over HTTP/2 it resets the stream instead.)
+fn malformed_request_line(version: http::Version) -> Response<Body> {
+    let mut resp = Response::new(body::full(bytes::Bytes::from_static(b"400 Bad Request")));
+    *resp.status_mut() = http::StatusCode::BAD_REQUEST;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if version < http::Version::HTTP_2 {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
 /// Adds the apiserver's warning about an ignored `Authorization: Bearer  x`
 /// header, unless the response already carries it (the apiserver's own,
 /// when the header was passed through).
@@ -414,6 +535,94 @@ fn warn_extra_space(resp: &mut Response<Body>) {
         .any(|v| *v == warning)
     {
         resp.headers_mut().append(header::WARNING, warning);
+    }
+}
+
+/// The upstream headers of a node's certificate request at a tier proxy:
+/// `Impersonate-User: system:node:<n>` alone, which kube-apiserver (1.35+
+/// with `ConstrainedImpersonation`, default from 1.36) decides by its
+/// `arbitrary-node` mode (the tier's `impersonate:arbitrary-node` and
+/// `impersonate-on:arbitrary-node:<verb>`), so the node is in exactly
+/// `system:nodes` and the Node authorizer and NodeRestriction apply as to
+/// the node's own credential. Anyone else's certificate request cannot be
+/// forwarded.
+fn as_any_node(user: &UserInfo, headers: &HeaderMap) -> Result<HeaderMap, Box<Status>> {
+    let is_node = user.name.starts_with("system:node:")
+        && user
+            .groups
+            .iter()
+            .any(|g| g == apimachinery::impersonation::NODES_GROUP);
+    if !is_node {
+        return Err(Box::new(Status::new(
+            http::StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "kube-cache-proxy is a tier proxy and acts upstream only as nodes; the request \
+                 of {:?} (client certificate) cannot be forwarded: send it with a bearer \
+                 token, or to the apiserver directly",
+                user.name
+            ),
+        )));
+    }
+    if impersonation_requested(headers) {
+        return Err(Box::new(Status::new(
+            http::StatusCode::FORBIDDEN,
+            "Forbidden",
+            "kube-cache-proxy is a tier proxy and cannot forward impersonation requested with a \
+             client certificate",
+        )));
+    }
+    let mut out = without_identity_headers(headers);
+    if let Ok(v) = HeaderValue::from_str(&user.name) {
+        out.insert("impersonate-user", v);
+    }
+    Ok(out)
+}
+
+/// The longest a watch passed through only because its resourceVersion is
+/// older than the cache's history may last upstream, in seconds.
+const CATCH_UP_WATCH_SECONDS: u64 = 60;
+
+/// Shortens a watch of a cached resource passed through only for a passing
+/// reason: its resourceVersion older than the cache's history (the proxy,
+/// or a tier, restarted), the cache not ready or not shown fresh yet, or
+/// authentication or authorization unavailable for a moment. With
+/// bookmarks allowed, its `timeoutSeconds` becomes at most
+/// [`CATCH_UP_WATCH_SECONDS`]. The apiserver then ends it at that time
+/// with a bookmark at its current resourceVersion two seconds before, so
+/// the client's next watch starts within the cache's history and is served
+/// from the cache, rather than keeping a watch on the apiserver for its
+/// whole life (30-60 minutes). Ending a watch is always the server's
+/// right; clients re-watch from their last resourceVersion.
+fn catch_up_only<B>(req: &mut Request<B>) {
+    use apimachinery::url::{Mode, query_get, unescape};
+    let Some(query) = req.uri().query() else {
+        return;
+    };
+    // Read as the apiserver's parameter codec reads them (the first value).
+    let bookmarks = query_get(Some(query), "allowWatchBookmarks").as_deref() == Some("true");
+    let short = query_get(Some(query), "timeoutSeconds")
+        .is_some_and(|t| t.parse::<u64>().is_ok_and(|t| t <= CATCH_UP_WATCH_SECONDS));
+    if !bookmarks || short {
+        return;
+    }
+    // Every other parameter is kept byte for byte.
+    let mut kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            let key = pair.split_once('=').map_or(*pair, |(k, _)| k);
+            !unescape(key, Mode::QueryComponent).is_ok_and(|k| &*k == b"timeoutSeconds")
+        })
+        .collect();
+    let timeout = format!("timeoutSeconds={CATCH_UP_WATCH_SECONDS}");
+    kept.push(&timeout);
+    let pq = format!("{}?{}", req.uri().path(), kept.join("&"));
+    let mut parts = req.uri().clone().into_parts();
+    if let Ok(pq) = pq.parse() {
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
     }
 }
 
@@ -489,6 +698,32 @@ const EXTRA_KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMER
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_catch_up_watch_is_capped_at_a_minute_with_bookmarks_only() {
+        let capped = |uri: &str| {
+            let mut req = Request::get(uri).body(()).unwrap();
+            catch_up_only(&mut req);
+            req.uri().to_string()
+        };
+        assert_eq!(
+            capped("/api/v1/pods?watch=1&resourceVersion=5&allowWatchBookmarks=true"),
+            "/api/v1/pods?watch=1&resourceVersion=5&allowWatchBookmarks=true&timeoutSeconds=60"
+        );
+        assert_eq!(
+            capped(
+                "/api/v1/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds=1800&resourceVersion=5"
+            ),
+            "/api/v1/pods?watch=1&allowWatchBookmarks=true&resourceVersion=5&timeoutSeconds=60"
+        );
+        // Already short, or no bookmarks to carry the client forward: as is.
+        for uri in [
+            "/api/v1/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds=30",
+            "/api/v1/pods?watch=1&resourceVersion=5",
+        ] {
+            assert_eq!(capped(uri), uri);
+        }
+    }
 
     #[test]
     fn identity_headers_are_replaced_by_impersonation() {

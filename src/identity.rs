@@ -52,6 +52,9 @@ pub enum NodeCredential {
 pub enum Identity {
     /// The credential as given.
     AsGiven,
+    /// A tier proxy: the credential as given for its own reads; nodes'
+    /// certificate requests as those nodes (`impersonate:arbitrary-node`).
+    Tier,
     /// Node `name`.
     Node {
         name: String,
@@ -85,8 +88,10 @@ impl Identity {
         mode: IdentityMode,
         node_name: &str,
     ) -> Result<Identity, String> {
-        if mode == IdentityMode::AsGiven {
-            return Ok(Identity::AsGiven);
+        match mode {
+            IdentityMode::AsGiven => return Ok(Identity::AsGiven),
+            IdentityMode::Tier => return Ok(Identity::Tier),
+            IdentityMode::Auto | IdentityMode::Node => {}
         }
         let found = certificate_node(kube_config)
             .map(|n| (n, NodeCredential::Certificate))
@@ -116,7 +121,7 @@ impl Identity {
     pub fn node(&self) -> Option<&str> {
         match self {
             Identity::Node { name, .. } => Some(name),
-            Identity::AsGiven => None,
+            Identity::AsGiven | Identity::Tier => None,
         }
     }
 

@@ -27,11 +27,12 @@ pub mod serve;
 pub mod takeover;
 pub mod tls;
 pub mod upstream;
+pub mod websocket;
 
 // The API machinery the proxy shares with the simulated apiserver lives in
 // the `apimachinery` crate (so the simulator need not depend on the proxy);
 // re-exported under the paths the proxy has always used.
-pub use apimachinery::{body, go, kubeconfig, pki, request, resource, selector, status};
+pub use apimachinery::{body, go, kubeconfig, pki, request, resource, selector, status, url};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -147,30 +148,36 @@ impl Listeners {
     }
 
     /// The listeners the binary serves on, in order of preference: taken
-    /// over from a running proxy (`takeover.socketPath`); passed by
-    /// systemd socket activation (`LISTEN_FDS`: the API socket, the admin
-    /// one, then the metrics one if `metricsListen` is set); or bound
-    /// (with takeover configured, retrying for up to a minute while a
-    /// predecessor that cannot hand over holds an address).
+    /// over from a running proxy (`takeover.socketPath`: each socket it
+    /// hands over that this configuration names at the same address, the
+    /// rest bound); passed by systemd socket activation (`LISTEN_FDS`: the
+    /// API socket, the admin one, then the metrics one if `metricsListen`
+    /// is set); or bound (with takeover configured, retrying for up to a
+    /// minute while a predecessor that cannot hand over holds an address).
     ///
     /// # Errors
     /// [`RunError::Bind`], [`RunError::Config`], or [`RunError::Takeover`]
     /// when a running proxy answered but the handover failed.
     pub async fn acquire(config: &Config) -> Result<Listeners, RunError> {
         let names = Listeners::names(config);
-        let missing =
-            |name: &str| RunError::Takeover(std::io::Error::other(format!("no {name} listener")));
-        let tokio_listener =
-            |l: std::net::TcpListener| TcpListener::from_std(l).map_err(RunError::Takeover);
         if let Some(path) = &config.takeover.socket_path
-            && let Some(mut received) = takeover::Predecessor::connect(path, &names)
+            && let Some(mut received) = takeover::Predecessor::connect(path)
                 .await
                 .map_err(RunError::Takeover)?
         {
-            tracing::info!(socket = %path.display(), "took the listeners over from the running proxy");
-            let api = tokio_listener(received.take("api").ok_or_else(|| missing("api"))?)?;
-            let admin = tokio_listener(received.take("admin").ok_or_else(|| missing("admin"))?)?;
-            let metrics = received.take("metrics").map(tokio_listener).transpose()?;
+            tracing::info!(socket = %path.display(), "taking the listeners over from the running proxy");
+            let mut take = async |name: &str, addr: SocketAddr| match received.take(name) {
+                Some(l) if l.local_addr().ok() == Some(addr) => {
+                    TcpListener::from_std(l).map_err(RunError::Takeover)
+                }
+                _ => bind_retrying(addr, true).await,
+            };
+            let api = take("api", config.listen_addr()?).await?;
+            let admin = take("admin", config.admin_listen_addr()?).await?;
+            let metrics = match config.metrics_listen_addr()? {
+                Some(addr) => Some(take("metrics", addr).await?),
+                None => None,
+            };
             return Ok(Listeners {
                 api,
                 admin,
@@ -200,7 +207,7 @@ impl Listeners {
                     Err(e) => return Err(RunError::Takeover(e)),
                 };
                 l.set_nonblocking(true).map_err(RunError::Takeover)?;
-                activated.push(tokio_listener(l)?);
+                activated.push(TcpListener::from_std(l).map_err(RunError::Takeover)?);
             }
             tracing::info!(
                 sockets = names.join(", "),
@@ -208,7 +215,9 @@ impl Listeners {
             );
             let mut activated = activated.into_iter();
             let (Some(api), Some(admin)) = (activated.next(), activated.next()) else {
-                return Err(missing("api"));
+                return Err(RunError::Takeover(std::io::Error::other(
+                    "socket activation passed too few sockets",
+                )));
             };
             return Ok(Listeners {
                 api,
@@ -221,19 +230,37 @@ impl Listeners {
         // cannot hand over (an older version, during a surge rollout): it
         // is about to be stopped.
         let retry = config.takeover.socket_path.is_some();
-        let deadline = tokio::time::Instant::now() + BIND_RETRY;
-        loop {
-            match Listeners::bind(config).await {
-                Err(RunError::Bind { addr, source })
-                    if retry
-                        && source.kind() == std::io::ErrorKind::AddrInUse
-                        && tokio::time::Instant::now() < deadline =>
-                {
-                    tracing::warn!(%addr, "address in use; waiting for it");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                other => return other,
+        let api = bind_retrying(config.listen_addr()?, retry).await?;
+        let admin = bind_retrying(config.admin_listen_addr()?, retry).await?;
+        let metrics = match config.metrics_listen_addr()? {
+            Some(addr) => Some(bind_retrying(addr, retry).await?),
+            None => None,
+        };
+        Ok(Listeners {
+            api,
+            admin,
+            metrics,
+            predecessor: None,
+        })
+    }
+}
+
+/// Binds `addr`; with `retry`, waits up to [`BIND_RETRY`] while it is in
+/// use.
+async fn bind_retrying(addr: SocketAddr, retry: bool) -> Result<TcpListener, RunError> {
+    let deadline = tokio::time::Instant::now() + BIND_RETRY;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(source)
+                if retry
+                    && source.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::warn!(%addr, "address in use; waiting for it");
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
+            Err(source) => return Err(RunError::Bind { addr, source }),
         }
     }
 }
@@ -274,11 +301,30 @@ pub async fn run(
     .await?;
     let identity = Identity::detect(&kube_config, config.upstream.identity, &config.node_name)
         .map_err(upstream::UpstreamError::Config)?;
-    let upstream = Upstream::new(
-        &kube_config,
-        Duration::from_secs(config.upstream.connect_timeout_seconds),
-        Duration::from_secs(config.upstream.idle_timeout_seconds),
-    )?;
+    let connect_timeout = Duration::from_secs(config.upstream.connect_timeout_seconds);
+    let idle_timeout = Duration::from_secs(config.upstream.idle_timeout_seconds);
+    let mut upstream = Upstream::new(&kube_config, connect_timeout, idle_timeout)?;
+    if let Some(fallback) = &config.upstream.fallback {
+        let fallback_config =
+            upstream::load_kube_config(Some(&fallback.kubeconfig), fallback.context.clone())
+                .await?;
+        let same = Identity::detect(
+            &fallback_config,
+            config.upstream.identity,
+            &config.node_name,
+        )
+        .map_err(upstream::UpstreamError::Config)?;
+        if same != identity {
+            return Err(RunError::Upstream(upstream::UpstreamError::Config(
+                format!(
+                    "{}: upstream.fallback gives the proxy another identity ({same:?}) than \
+                 upstream.kubeconfig ({identity:?})",
+                    fallback.kubeconfig.display()
+                ),
+            )));
+        }
+        upstream = upstream.with_fallback(&fallback_config, connect_timeout, idle_timeout)?;
+    }
     match identity.node() {
         Some(node) => {
             tracing::info!(upstream = %upstream.base(), %node, "upstream configured; acting as the node")
@@ -323,6 +369,8 @@ pub async fn run(
     }
     tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     upstream.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
+    upstream.set_fallback_gauge(metrics.upstream_fallback_active.clone());
+    upstream.spawn_primary_recheck(token.clone());
     let admin = Admin {
         metrics: metrics.clone(),
         readiness: readiness.clone(),

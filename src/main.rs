@@ -59,6 +59,8 @@ fn main() -> ExitCode {
             .block_on(kube_cache_proxy::demo::run(args, shutdown_signal()))
             .map_err(anyhow::Error::from),
         Some(Command::Serve(args)) => runtime.block_on(serve(args)),
+        Some(Command::PrepareStateDir(args)) => prepare_state_dir(&args),
+        Some(Command::Probe(args)) => runtime.block_on(probe(&args)),
         None => match cli.validate_config {
             Some(file) => runtime.block_on(validate(file, cli.serve)),
             None => runtime.block_on(serve(cli.serve)),
@@ -177,5 +179,49 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// `prepare-state-dir`: the directory, owned by the proxy's user, 0700.
+fn prepare_state_dir(args: &kube_cache_proxy::cli::PrepareStateDirArgs) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(&args.dir)?;
+    std::os::unix::fs::chown(&args.dir, Some(args.uid), Some(args.gid))?;
+    std::fs::set_permissions(&args.dir, std::fs::Permissions::from_mode(0o700))?;
+    tracing::info!(dir = %args.dir.display(), uid = args.uid, gid = args.gid, "state directory ready");
+    Ok(())
+}
+
+/// `probe`: a GET of a plain-HTTP URL; an error unless it answers 200.
+async fn probe(args: &kube_cache_proxy::cli::ProbeArgs) -> anyhow::Result<()> {
+    use http_body_util::BodyExt;
+    let uri: http::Uri = args.url.parse()?;
+    let authority = uri
+        .authority()
+        .ok_or_else(|| anyhow::anyhow!("{}: no host:port", args.url))?
+        .clone();
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(authority.as_str()).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+        tokio::spawn(conn);
+        let req = http::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+            .header(http::header::HOST, authority.as_str())
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, body))
+    };
+    let (status, body) = tokio::time::timeout(
+        std::time::Duration::from_secs(args.timeout_seconds),
+        exchange,
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("{}: no answer in {} s", args.url, args.timeout_seconds))??;
+    if status == http::StatusCode::OK {
+        Ok(())
+    } else {
+        anyhow::bail!("{}: {status}: {}", args.url, String::from_utf8_lossy(&body))
     }
 }

@@ -216,9 +216,8 @@ fn named_in_path(info: &RequestInfo) -> bool {
 /// `getVerbIfWatch`: the first `watch` parameter, unless `0` or `false`
 /// (case-insensitive).
 fn watch_requested(query: Option<&str>) -> bool {
-    form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .find(|(k, _)| k == "watch")
-        .is_some_and(|(_, v)| !matches!(v.to_ascii_lowercase().as_str(), "0" | "false"))
+    crate::url::query_get(query, "watch")
+        .is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "0" | "false"))
 }
 
 /// Every metric the proxy exports.
@@ -243,6 +242,8 @@ pub struct Metrics {
     pub ready: IntGauge,
     /// The serving certificate's notAfter (set at scrape).
     pub serving_certificate_expiry: IntGauge,
+    /// 1 while `upstream.fallback` is used, else 0.
+    pub upstream_fallback_active: IntGauge,
 }
 
 /// `reason` values of `upstream_errors_total` (from
@@ -370,6 +371,14 @@ impl Metrics {
             )
             .namespace(NS),
         )?;
+        let upstream_fallback_active = IntGauge::with_opts(
+            Opts::new(
+                "upstream_fallback_active",
+                "1 while upstream.fallback is used because upstream.kubeconfig's server cannot be reached, else 0.",
+            )
+            .namespace(NS),
+        )?;
+        registry.register(Box::new(upstream_fallback_active.clone()))?;
         registry.register(Box::new(proxy_overhead.clone()))?;
         registry.register(Box::new(ready.clone()))?;
         registry.register(Box::new(serving_certificate_expiry.clone()))?;
@@ -417,6 +426,7 @@ impl Metrics {
             proxy_overhead,
             ready,
             serving_certificate_expiry,
+            upstream_fallback_active,
         })
     }
 

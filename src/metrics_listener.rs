@@ -131,7 +131,7 @@ impl MetricsListener {
         if ALWAYS_ALLOWED.contains(&path) {
             return self.admin.handle(req);
         }
-        let credential = match Credential::of(cert, req.headers()) {
+        let credential = match Credential::of(cert, req.headers(), false) {
             Ok(Credential::None) | Err(_) => return Status::unauthorized().into_response(),
             Ok(credential) => credential,
         };

@@ -15,7 +15,6 @@ use hyper_util::rt::TokioIo;
 use std::future::Future;
 
 use http_body_util::BodyExt;
-use tokio_util::sync::CancellationToken;
 
 use crate::body::{self, Body};
 use crate::status::Status;
@@ -106,7 +105,8 @@ pub async fn forward(
 }
 
 /// A passed-through watch's response body that ends cleanly when `drain`
-/// is cancelled (shutdown, or a successor took over): at the first event
+/// completes (shutdown, a successor took over, or the upstream it came
+/// from is no longer the active one): at the first event
 /// boundary from then on, so the client gets whole events and a clean end
 /// of stream, and re-watches from its last resourceVersion (to the
 /// successor). Boundaries: a newline in JSON streams; the end of a
@@ -115,7 +115,7 @@ pub async fn forward(
 pub fn drainable_watch(
     body: Body,
     content_type: Option<&HeaderValue>,
-    drain: CancellationToken,
+    drain: impl Future<Output = ()> + Send + 'static,
 ) -> Body {
     let framing = match content_type.and_then(|v| v.to_str().ok()) {
         Some(t) if t.starts_with("application/vnd.kubernetes.protobuf") => {
@@ -131,7 +131,7 @@ pub fn drainable_watch(
     DrainableWatch {
         inner: body,
         framing,
-        drain: Box::pin(drain.cancelled_owned()),
+        drain: Box::pin(drain),
         draining: false,
         done: false,
     }
@@ -214,7 +214,7 @@ impl Framing {
 struct DrainableWatch {
     inner: Body,
     framing: Framing,
-    drain: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    drain: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     draining: bool,
     done: bool,
 }
@@ -329,6 +329,7 @@ pub fn error_response(err: &UpstreamError) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_util::sync::CancellationToken;
 
     async fn drained(content_type: &str, chunks: &[&[u8]], drain_after: usize) -> Vec<u8> {
         let chunks: Vec<Result<http_body::Frame<bytes::Bytes>, body::BoxError>> = chunks
@@ -341,7 +342,7 @@ mod tests {
         let mut b = drainable_watch(
             inner,
             Some(&HeaderValue::from_str(content_type).unwrap()),
-            token.clone(),
+            token.clone().cancelled_owned(),
         );
         let mut out = Vec::new();
         let mut n = 0;

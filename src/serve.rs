@@ -222,9 +222,10 @@ async fn serve_request(
     req: http::Request<hyper::body::Incoming>,
 ) -> http::Response<crate::body::Body> {
     // Without a verified certificate, the client is who its token says
-    // (a digest of it), or anonymous.
+    // (a digest of it; a WebSocket request's may be a subprotocol), or
+    // anonymous.
     if !by_certificate {
-        let client = token_client(crate::auth::bearer_token(req.headers()).as_deref());
+        let client = token_client(crate::auth::request_token(req.headers()).as_deref());
         if handle.identify(&client).is_err() {
             return too_many_requests();
         }

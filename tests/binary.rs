@@ -48,13 +48,15 @@ fn help_documents_every_flag() {
         "--tls-min-version",
         "--shutdown-grace-period-seconds",
         "--node-name",
+        "--cache-persistence-directory",
+        "--takeover-socket-path",
         "--logging-format",
         "-v, --v <LEVEL>",
         "--print-default-config",
         "--validate-config",
         // Accepted values, and what is not a flag.
         "VersionTLS12, VersionTLS13",
-        "Auto, Node, AsGiven",
+        "Auto, Node, AsGiven, Tier",
         "RUST_LOG",
         "Exit status:",
         "  64  ",
@@ -452,6 +454,11 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
         .args(["--metrics-listen", "127.0.0.1:0"])
+        // The node's state directory, here the test's own.
+        .arg("--cache-persistence-directory")
+        .arg(dir.join("state/cache"))
+        .arg("--takeover-socket-path")
+        .arg(dir.join("state/takeover.sock"))
         .arg("--tls-cert-file")
         .arg(&cert)
         .arg("--tls-private-key-file")
@@ -682,4 +689,34 @@ fn csr_component_configuration_matches_the_daemonset_one() {
         component["tls"].as_object_mut().unwrap().remove(key);
     }
     assert_eq!(base, component);
+}
+
+/// `prepare-state-dir` (the DaemonSet's init container) makes the node's
+/// state directory the proxy user's, mode 0700.
+#[test]
+fn prepare_state_dir_makes_the_directory_the_proxys() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = support::env::tempdir().join("state");
+    let me = std::fs::metadata(support::env::tempdir()).unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("prepare-state-dir")
+        .arg(&dir)
+        .args([
+            "--uid",
+            &me.uid().to_string(),
+            "--gid",
+            &me.gid().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = std::fs::metadata(&dir).unwrap();
+    assert!(m.is_dir());
+    assert_eq!(m.permissions().mode() & 0o777, 0o700);
+    assert_eq!((m.uid(), m.gid()), (me.uid(), me.gid()));
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }

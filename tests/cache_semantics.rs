@@ -179,8 +179,33 @@ async fn consistent_reads_of_a_quiet_resource_are_served_after_a_progress_watch(
     env.sim
         .create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "q"}, "spec": {"containers": []}}))
         .unwrap();
+    let probes =
+        "kube_cache_proxy_cache_consistency_probes_total{group=\"\",resource=\"configmaps\"";
+    let from_cache = "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"\",resource=\"configmaps\",source=\"cache\",verb=\"LIST\"}";
+    let probes_before = metric(&env, probes).await;
+    let started = Instant::now();
     let list = c.get("/api/v1/namespaces/q/configmaps").await;
     assert_eq!(names(&list.json()), vec!["only"]);
+    // Found behind, the cache is not probed again for a second: the lists
+    // meanwhile cost upstream one request each, as going direct does.
+    for _ in 0..20 {
+        let list = c.get("/api/v1/namespaces/q/configmaps").await;
+        assert_eq!(names(&list.json()), vec!["only"]);
+    }
+    let probed = metric(&env, probes).await - probes_before;
+    let allowed = 1.0 + started.elapsed().as_secs_f64().floor();
+    assert!(
+        (1.0..=allowed).contains(&probed),
+        "{probed} probes in {:?}",
+        started.elapsed()
+    );
+    // Meanwhile a progress watch brought the quiet cache up to date, so
+    // once the second is over it answers again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let served = metric(&env, from_cache).await;
+    let list = c.get("/api/v1/namespaces/q/configmaps").await;
+    assert_eq!(names(&list.json()), vec!["only"]);
+    assert_eq!(metric(&env, from_cache).await, served + 1.0);
 }
 
 #[tokio::test]

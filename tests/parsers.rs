@@ -188,6 +188,29 @@ proptest! {
     }
 
     #[test]
+    fn paths_decode_as_a_reference_decoder_and_escaping_changes_nothing(
+        path in "(/(api|apis|v1|namespaces|ns|pods|watch|%2F|%2f|%25|%2E|%61|%FF|%zz|%2|[a-z0-9.%+-]{0,6}){0,8}/?)",
+        q in "(watch=1|fieldSelector=metadata.name%3D[a-z%0-9]{0,4}|labelSelector=[a-z%=;]{0,5}|[a-z=&%;+.-]{0,10})(&[a-z=%;]{0,6}){0,2}",
+    ) {
+        let decoded = kube_cache_proxy::url::decode_path(&path);
+        if let Some(d) = &decoded {
+            let reference: Vec<u8> = percent_encoding::percent_decode_str(&path).collect();
+            prop_assert_eq!(&d[..], &reference[..]);
+        }
+        for m in [Method::GET, Method::DELETE] {
+            let info = RequestInfo::parse(&m, &path, Some(&q));
+            prop_assert_eq!(info.malformed_path, decoded.is_none());
+            let Some(d) = &decoded else { continue };
+            let escaped: String = d.iter().map(|b| format!("%{b:02X}")).collect();
+            prop_assert_eq!(&info, &RequestInfo::parse(&m, &escaped, Some(&q)));
+            if info.routable {
+                prop_assert!(info.path.starts_with("/api/") || info.path.starts_with("/apis/"));
+                prop_assert!(!info.path.trim_end_matches('/').contains("//"));
+            }
+        }
+    }
+
+    #[test]
     fn headers_never_panic(v in "[ -~]{0,60}", key in "[a-z0-9%.-]{0,12}") {
         let value = HeaderValue::from_str(&v).unwrap();
         let mut accept = HeaderMap::new();

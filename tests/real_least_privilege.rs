@@ -184,6 +184,11 @@ impl Binary {
             .arg("--upstream-kubeconfig")
             .arg(write("upstream.kubeconfig", &upstream_kubeconfig))
             .args(["--node-name", node])
+            // The node's state directory, here the test's own.
+            .arg("--cache-persistence-directory")
+            .arg(dir.join("state/cache"))
+            .arg("--takeover-socket-path")
+            .arg(dir.join("state/takeover.sock"))
             .stdout(Stdio::null())
             // A file, not a pipe nobody drains while it runs.
             .stderr(std::fs::File::create(dir.join("stderr")).unwrap())

@@ -1,12 +1,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! Zero-downtime takeover through the real binary, in front of the
-//! simulated apiserver: a second `kube-cache-proxy` started with the same
-//! configuration takes the listening sockets over once it is ready, and
-//! the first drains. Under load across the takeover, a client making a
-//! request every 20 ms on a fresh connection sees no failure, and watchers
-//! (one served from the cache, one passed through) that re-watch from
-//! their last resourceVersion when their stream ends, as informers do, see
-//! every change exactly once, in order, with no 410.
+//! Zero-downtime upgrades through the real binary, in front of the
+//! simulated apiserver:
+//! - takeover: a second `kube-cache-proxy` started with the same
+//!   configuration takes the listening sockets over once it is ready, and
+//!   the first drains;
+//! - a restart with the listening sockets held by systemd (socket
+//!   activation, `LISTEN_FDS`): the old process drains and exits, the new
+//!   one resumes from its snapshots.
+//!
+//! Under load across either, a client making a request every 20 ms on a
+//! fresh connection sees no failure, and watchers (one served from the
+//! cache, one passed through) that re-watch from their last
+//! resourceVersion when their stream ends, as informers do, see every
+//! change exactly once, in order, with no 410; and nothing is listed
+//! upstream again.
 
 mod support;
 
@@ -21,7 +28,7 @@ use kube_cache_proxy::pki::Ca;
 use kube_cache_proxy::resource::Gvr;
 use parking_lot::Mutex;
 use serde_json::json;
-use support::{Auth, Client, Identity, Next};
+use support::{Client, Identity, Next};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-cache-proxy");
 
@@ -100,16 +107,38 @@ takeover:
 }
 
 fn start(setup: &Setup, log: &str) -> tokio::process::Child {
+    start_with_sockets(setup, log, &[])
+}
+
+/// Starts the binary; with `sockets`, passes them as systemd does (file
+/// descriptors 3, 4..., `LISTEN_FDS`).
+fn start_with_sockets(
+    setup: &Setup,
+    log: &str,
+    sockets: &[&std::net::TcpListener],
+) -> tokio::process::Child {
+    use command_fds::{CommandFdExt, FdMapping};
     let log = std::fs::File::create(setup.dir.join(log)).unwrap();
-    tokio::process::Command::new(BIN)
-        .arg("--config")
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.arg("--config")
         .arg(&setup.config)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+        .kill_on_drop(true);
+    if !sockets.is_empty() {
+        let mappings = sockets
+            .iter()
+            .zip(3..)
+            .map(|(s, child_fd)| FdMapping {
+                parent_fd: std::os::fd::AsFd::as_fd(*s).try_clone_to_owned().unwrap(),
+                child_fd,
+            })
+            .collect();
+        cmd.fd_mappings(mappings).unwrap();
+        cmd.env("LISTEN_FDS", sockets.len().to_string());
+    }
+    cmd.spawn().unwrap()
 }
 
 async fn wait_for_log(path: &Path, text: &str, timeout: Duration) {
@@ -224,110 +253,183 @@ async fn informer(
     }
 }
 
+/// Requests every 20 ms on fresh connections, two informer-like watchers
+/// (configmaps from the cache, secrets passed through) and a writer, all
+/// running while the proxy is replaced.
+struct Load {
+    sim: Arc<Sim>,
+    stop: Arc<AtomicBool>,
+    failures: Arc<Mutex<Vec<String>>>,
+    requests: Arc<AtomicU64>,
+    rewatches: Arc<AtomicU64>,
+    seen_cms: Arc<Mutex<Vec<String>>>,
+    seen_secrets: Arc<Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    writer: tokio::task::JoinHandle<usize>,
+}
+
+impl Load {
+    async fn start(sim: Arc<Sim>, s: &Setup) -> Load {
+        let admin_auth = Identity::admin().auth(&sim);
+        let url = format!("https://127.0.0.1:{}", s.port);
+        let fresh = {
+            let (url, ca, auth) = (url.clone(), s.ca_pem.clone(), admin_auth.clone());
+            Arc::new(move || Client::new(&url, &ca, auth.clone(), false))
+                as Arc<dyn Fn() -> Client + Send + Sync>
+        };
+        let cms = support::configmaps();
+        let start_rv: u64 = sim
+            .create(&cms, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "start", "namespace": "t"}}))
+            .unwrap()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+        let requests = Arc::new(AtomicU64::new(0));
+        let rewatches = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        // Requests every 20 ms, each on a fresh connection: one from the
+        // cache, one passed through.
+        tasks.push({
+            let (fresh, stop, failures, requests) = (
+                fresh.clone(),
+                stop.clone(),
+                failures.clone(),
+                requests.clone(),
+            );
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let path = if i % 2 == 0 {
+                        "/api/v1/namespaces/t/configmaps?resourceVersion=0"
+                    } else {
+                        "/api/v1/namespaces/t/secrets"
+                    };
+                    match fresh().try_send(http::Method::GET, path, &[], None).await {
+                        Ok(r) if r.status == 200 => {}
+                        Ok(r) => failures
+                            .lock()
+                            .push(format!("{path}: {} {}", r.status, r.text())),
+                        Err(e) => failures.lock().push(format!("{path}: {e}")),
+                    }
+                    requests.fetch_add(1, Ordering::SeqCst);
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        });
+        let seen_cms = Arc::new(Mutex::new(Vec::new()));
+        let seen_secrets = Arc::new(Mutex::new(Vec::new()));
+        for (path, seen) in [
+            ("/api/v1/namespaces/t/configmaps", seen_cms.clone()),
+            ("/api/v1/namespaces/t/secrets", seen_secrets.clone()),
+        ] {
+            tasks.push(tokio::spawn(informer(
+                fresh.clone(),
+                path.to_string(),
+                start_rv,
+                seen,
+                failures.clone(),
+                stop.clone(),
+                rewatches.clone(),
+            )));
+        }
+        // Changes all along.
+        let writer = {
+            let (sim, stop) = (sim.clone(), stop.clone());
+            let secrets = Gvr {
+                resource: "secrets".into(),
+                ..support::configmaps()
+            };
+            let pods = Gvr {
+                resource: "pods".into(),
+                ..support::configmaps()
+            };
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let name = format!("x{n:04}");
+                    sim.create(&cms, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "t"}})).unwrap();
+                    sim.create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "t"}})).unwrap();
+                    sim.create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "t"}, "spec": {"containers": []}})).unwrap();
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                }
+                n
+            })
+        };
+        Load {
+            sim,
+            stop,
+            failures,
+            requests,
+            rewatches,
+            seen_cms,
+            seen_secrets,
+            tasks,
+            writer,
+        }
+    }
+
+    /// Lists the sim has served for the cached resources.
+    fn upstream_lists(&self) -> u64 {
+        self.sim.stats().lists("configmaps") + self.sim.stats().lists("pods")
+    }
+
+    /// Stops the load and checks what it saw: no failure, every change once
+    /// and in order, both watches ended cleanly at least once. Returns a
+    /// summary.
+    async fn finish(self, what: &str) -> String {
+        self.stop.store(true, Ordering::SeqCst);
+        let written = self.writer.await.unwrap();
+        // The watchers go on until they have seen the last changes.
+        let want: Vec<String> = (0..written).map(|n| format!("x{n:04}")).collect();
+        self.stop.store(false, Ordering::SeqCst);
+        let mut tasks = self.tasks.into_iter();
+        let requester = tasks.next().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (self.seen_cms.lock().len() < want.len()
+            || self.seen_secrets.lock().len() < want.len())
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        requester.await.unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let failures = self.failures.lock().clone();
+        assert!(
+            failures.is_empty(),
+            "failures across the {what}: {failures:#?}"
+        );
+        // The watches started after "start": every later change, once, in
+        // order.
+        assert_eq!(*self.seen_cms.lock(), want, "configmaps (from the cache)");
+        assert_eq!(*self.seen_secrets.lock(), want, "secrets (passed through)");
+        let rewatches = self.rewatches.load(Ordering::SeqCst);
+        assert!(rewatches >= 2, "both watches ended cleanly at the {what}");
+        format!(
+            "{what}: {} requests on fresh connections, 0 failed; {written} changes to each \
+             watched resource seen once and in order; {rewatches} clean re-watches",
+            self.requests.load(Ordering::SeqCst)
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_successor_takes_over_without_a_failed_request_or_a_lost_event() {
     let sim = Arc::new(Sim::start(SimConfig::default()).await.unwrap());
     let s = setup(&sim);
-    let admin_auth = Identity::admin().auth(&sim);
-    let url = format!("https://127.0.0.1:{}", s.port);
-    let fresh = {
-        let (url, ca, auth) = (url.clone(), s.ca_pem.clone(), admin_auth.clone());
-        Arc::new(move || Client::new(&url, &ca, auth.clone(), false))
-            as Arc<dyn Fn() -> Client + Send + Sync>
-    };
-
     let mut first = start(&s, "first.log");
     ready(&s).await;
-    let cms = support::configmaps();
-    let pods = Gvr {
-        resource: "pods".into(),
-        ..support::configmaps()
-    };
-    let secrets = Gvr {
-        resource: "secrets".into(),
-        ..support::configmaps()
-    };
-    let start_rv: u64 = sim
-        .create(&cms, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "start", "namespace": "t"}}))
-        .unwrap()["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
-    let requests = Arc::new(AtomicU64::new(0));
-    let rewatches = Arc::new(AtomicU64::new(0));
-    // Requests every 20 ms, each on a fresh connection: one from the cache,
-    // one passed through.
-    let requester = {
-        let (fresh, stop, failures, requests) = (
-            fresh.clone(),
-            stop.clone(),
-            failures.clone(),
-            requests.clone(),
-        );
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let path = if i % 2 == 0 {
-                    "/api/v1/namespaces/t/configmaps?resourceVersion=0"
-                } else {
-                    "/api/v1/namespaces/t/secrets"
-                };
-                match fresh().try_send(http::Method::GET, path, &[], None).await {
-                    Ok(r) if r.status == 200 => {}
-                    Ok(r) => failures
-                        .lock()
-                        .push(format!("{path}: {} {}", r.status, r.text())),
-                    Err(e) => failures.lock().push(format!("{path}: {e}")),
-                }
-                requests.fetch_add(1, Ordering::SeqCst);
-                i += 1;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
-    // Watchers: configmaps from the cache, secrets passed through.
-    let seen_cms = Arc::new(Mutex::new(Vec::new()));
-    let seen_secrets = Arc::new(Mutex::new(Vec::new()));
-    let watchers = [
-        ("/api/v1/namespaces/t/configmaps", seen_cms.clone()),
-        ("/api/v1/namespaces/t/secrets", seen_secrets.clone()),
-    ]
-    .map(|(path, seen)| {
-        tokio::spawn(informer(
-            fresh.clone(),
-            path.to_string(),
-            start_rv,
-            seen,
-            failures.clone(),
-            stop.clone(),
-            rewatches.clone(),
-        ))
-    });
-    // Changes all along.
-    let writer = {
-        let (sim, stop) = (sim.clone(), stop.clone());
-        let (cms, secrets, pods) = (cms.clone(), secrets.clone(), pods.clone());
-        tokio::spawn(async move {
-            let mut n = 0;
-            while !stop.load(Ordering::SeqCst) {
-                let name = format!("x{n:04}");
-                sim.create(&cms, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "t"}})).unwrap();
-                sim.create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "t"}})).unwrap();
-                sim.create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "t"}, "spec": {"containers": []}})).unwrap();
-                n += 1;
-                tokio::time::sleep(Duration::from_millis(30)).await;
-            }
-            n
-        })
-    };
-
+    let load = Load::start(sim, &s).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let lists_before = sim.stats().lists("configmaps") + sim.stats().lists("pods");
-    let second = start(&s, "second.log");
+    let lists_before = load.upstream_lists();
+    let mut second = start(&s, "second.log");
     wait_for_log(
         &s.dir.join("second.log"),
         "took over from the running proxy",
@@ -349,53 +451,56 @@ async fn a_successor_takes_over_without_a_failed_request_or_a_lost_event() {
         .unwrap();
     assert!(exited.success());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::SeqCst);
-    let written = writer.await.unwrap();
-    requester.await.unwrap();
-    // Let the watchers receive the last changes.
-    let want: Vec<String> = std::iter::once("start".to_string())
-        .chain((0..written).map(|n| format!("x{n:04}")))
-        .collect();
-    stop.store(false, Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while (seen_cms.lock().len() < want.len() - 1 || seen_secrets.lock().len() < want.len() - 1)
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    stop.store(true, Ordering::SeqCst);
-    for w in watchers {
-        w.await.unwrap();
-    }
-
-    let failures = failures.lock().clone();
-    assert!(
-        failures.is_empty(),
-        "failures across the takeover: {failures:#?}"
-    );
-    // The watch started after "start": every later change, once, in order.
-    assert_eq!(*seen_cms.lock(), want[1..], "configmaps (from the cache)");
-    assert_eq!(*seen_secrets.lock(), want[1..], "secrets (passed through)");
-    assert!(
-        rewatches.load(Ordering::SeqCst) >= 2,
-        "both watches ended cleanly at the takeover"
-    );
     // The successor resumed from the snapshots the first one wrote.
-    assert_eq!(
-        sim.stats().lists("configmaps") + sim.stats().lists("pods"),
-        lists_before,
-        "the successor listed"
-    );
-    println!(
-        "takeover: {} requests on fresh connections, 0 failed; {} changes to each watched \
-         resource seen once and in order; {} clean re-watches",
-        requests.load(Ordering::SeqCst),
-        written,
-        rewatches.load(Ordering::SeqCst)
-    );
-    let mut second = second;
+    assert_eq!(load.upstream_lists(), lists_before, "the successor listed");
+    println!("{}", load.finish("takeover").await);
     sigterm(&second);
     assert!(second.wait().await.unwrap().success());
-    let _: Auth = admin_auth;
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_activated_restart_refuses_no_connection_and_loses_no_event() {
+    let sim = Arc::new(Sim::start(SimConfig::default()).await.unwrap());
+    let s = setup(&sim);
+    // The listening sockets, held here as systemd holds them.
+    let api = std::net::TcpListener::bind(("127.0.0.1", s.port)).unwrap();
+    let admin = std::net::TcpListener::bind(("127.0.0.1", s.admin_port)).unwrap();
+    let mut first = start_with_sockets(&s, "first.log", &[&api, &admin]);
+    ready(&s).await;
+    wait_for_log(
+        &s.dir.join("first.log"),
+        "LISTEN_FDS",
+        Duration::from_secs(5),
+    )
+    .await;
+    let load = Load::start(sim, &s).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lists_before = load.upstream_lists();
+    // `systemctl restart`: stop (drain), then start on the same sockets.
+    let restart = Instant::now();
+    sigterm(&first);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), first.wait())
+            .await
+            .expect("the proxy did not stop")
+            .unwrap()
+            .success()
+    );
+    let mut second = start_with_sockets(&s, "second.log", &[&api, &admin]);
+    ready(&s).await;
+    let gap = restart.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        load.upstream_lists(),
+        lists_before,
+        "the restarted proxy listed"
+    );
+    println!(
+        "{} (stop to ready again: {gap:?})",
+        load.finish("socket-activated restart").await
+    );
+    sigterm(&second);
+    assert!(second.wait().await.unwrap().success());
     let _ = std::fs::remove_dir_all(&s.dir);
 }

@@ -91,6 +91,23 @@ impl std::fmt::Debug for AccessReviewer {
 // === impl Attributes ===
 
 impl Attributes {
+    /// Whether [`forbidden`]'s message is exactly the apiserver's: it
+    /// quotes these attributes as Go's `%q`, which [`crate::go::quote`]
+    /// reproduces exactly for ASCII.
+    pub fn quotes_exactly(&self) -> bool {
+        [
+            &self.user.name,
+            &self.path,
+            &self.namespace,
+            &self.resource,
+            &self.subresource,
+            &self.api_group,
+            &self.name,
+        ]
+        .iter()
+        .all(|s| s.is_ascii())
+    }
+
     /// The attributes of a request by `user`. Selectors are taken, like
     /// the apiserver does, only for list, watch and deletecollection, and
     /// not for the deprecated `/watch/` path form; ones that do not parse
@@ -115,10 +132,10 @@ impl Attributes {
         if with_selectors {
             let mut field = None;
             let mut label = None;
-            for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-                match k.as_ref() {
-                    "fieldSelector" if field.is_none() => field = Some(v.into_owned()),
-                    "labelSelector" if label.is_none() => label = Some(v.into_owned()),
+            for (k, v) in crate::url::query_pairs(query.unwrap_or("")) {
+                match k.as_str() {
+                    "fieldSelector" if field.is_none() => field = Some(v),
+                    "labelSelector" if label.is_none() => label = Some(v),
                     _ => {}
                 }
             }

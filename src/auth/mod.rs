@@ -48,8 +48,88 @@ pub enum Credential {
     Certificate(UserInfo),
     /// `Authorization: Bearer <token>`.
     Bearer(String),
+    /// A WebSocket request's bearer token in its subprotocols (see
+    /// [`ProtocolToken`]), with the other subprotocols.
+    WebSocket {
+        token: String,
+        /// `Sec-WebSocket-Protocol` once the token authenticated: the
+        /// other subprotocols joined with `,`.
+        protocols: String,
+    },
     /// No credential.
     None,
+}
+
+/// What a WebSocket request's `Sec-WebSocket-Protocol` headers say about
+/// its caller, as the apiserver's protocol authenticator reads them
+/// (`staging/src/k8s.io/apiserver/pkg/authentication/request/websocket/
+/// protocol.go`), for requests that are WebSocket requests
+/// ([`crate::websocket::is_websocket_request`]): every header's
+/// comma-separated, trimmed subprotocols; one of them may be
+/// `base64url.bearer.authorization.k8s.io.<token, base64url without
+/// padding>`. It runs after the client certificate and the
+/// `Authorization` header, only when neither authenticated the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolToken {
+    /// No token subprotocol (or an empty token): no opinion.
+    None,
+    /// A token, and the other subprotocols joined with `,`.
+    Token { token: String, protocols: String },
+    /// More than one token subprotocol, a token that is not base64url or
+    /// not UTF-8, or no other subprotocol: an error (`401` unless an
+    /// earlier authenticator succeeded).
+    Invalid,
+}
+
+/// Go's `base64.RawURLEncoding` decoder: the URL alphabet, no padding,
+/// and (not being strict) any trailing bits.
+const RAW_URL_ENCODING: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::URL_SAFE,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_encode_padding(false)
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::RequireNone)
+        .with_decode_allow_trailing_bits(true),
+);
+
+/// The subprotocol prefix of a bearer token.
+pub const BEARER_PROTOCOL_PREFIX: &str = "base64url.bearer.authorization.k8s.io.";
+
+impl ProtocolToken {
+    /// Reads a request's `Sec-WebSocket-Protocol` headers.
+    pub fn of(headers: &HeaderMap) -> ProtocolToken {
+        use base64::Engine;
+        let mut token = String::new();
+        let mut saw_token = false;
+        let mut others: Vec<String> = Vec::new();
+        for value in headers.get_all(http::header::SEC_WEBSOCKET_PROTOCOL) {
+            let value = String::from_utf8_lossy(value.as_bytes());
+            for protocol in value.split(',').map(str::trim) {
+                let Some(encoded) = protocol.strip_prefix(BEARER_PROTOCOL_PREFIX) else {
+                    others.push(protocol.to_string());
+                    continue;
+                };
+                if saw_token {
+                    return ProtocolToken::Invalid;
+                }
+                saw_token = true;
+                let Ok(decoded) = RAW_URL_ENCODING.decode(encoded) else {
+                    return ProtocolToken::Invalid;
+                };
+                let Ok(decoded) = String::from_utf8(decoded) else {
+                    return ProtocolToken::Invalid;
+                };
+                token = decoded;
+            }
+        }
+        match (token.is_empty(), others.is_empty()) {
+            (false, true) => ProtocolToken::Invalid,
+            (true, _) => ProtocolToken::None,
+            (false, false) => ProtocolToken::Token {
+                token,
+                protocols: others.join(","),
+            },
+        }
+    }
 }
 
 /// What the connection's client certificate says, as the apiserver's x509
@@ -99,17 +179,34 @@ impl Credential {
     ///
     /// # Errors
     /// [`Unauthenticated`] for a rejected certificate without a token.
+    ///
+    /// A WebSocket request (`websocket`) may carry its token in a
+    /// subprotocol instead ([`ProtocolToken`]); a malformed one is an
+    /// error of the chain (`401`).
     pub fn of(
         cert: &ClientCertificate,
         headers: &HeaderMap,
+        websocket: bool,
     ) -> Result<Credential, Unauthenticated> {
         if let ClientCertificate::Verified(user) = cert {
             return Ok(Credential::Certificate(user.clone()));
         }
-        match (bearer_token(headers), cert) {
-            (Some(token), _) => Ok(Credential::Bearer(token)),
-            (None, ClientCertificate::Rejected) => Err(Unauthenticated),
-            (None, _) => Ok(Credential::None),
+        if let Some(token) = bearer_token(headers) {
+            return Ok(Credential::Bearer(token));
+        }
+        let protocol = if websocket {
+            ProtocolToken::of(headers)
+        } else {
+            ProtocolToken::None
+        };
+        match (protocol, cert) {
+            (ProtocolToken::Token { token, protocols }, _) => {
+                Ok(Credential::WebSocket { token, protocols })
+            }
+            (ProtocolToken::Invalid, _) | (ProtocolToken::None, ClientCertificate::Rejected) => {
+                Err(Unauthenticated)
+            }
+            (ProtocolToken::None, _) => Ok(Credential::None),
         }
     }
 }
@@ -165,6 +262,20 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<String> {
         BearerHeader::Token(token) => Some(token),
         BearerHeader::None | BearerHeader::ExtraSpace => None,
     }
+}
+
+/// The bearer token a request presents: its `Authorization` header's, or
+/// for a WebSocket request one in its subprotocols.
+pub fn request_token(headers: &HeaderMap) -> Option<String> {
+    bearer_token(headers).or_else(|| {
+        if !crate::websocket::is_websocket_request(headers) {
+            return None;
+        }
+        match ProtocolToken::of(headers) {
+            ProtocolToken::Token { token, .. } => Some(token),
+            ProtocolToken::None | ProtocolToken::Invalid => None,
+        }
+    })
 }
 
 /// Authentication and authorization.
@@ -234,11 +345,13 @@ impl Auth {
     ) -> Result<UserInfo, AuthFailure> {
         let user = match credential {
             Credential::Certificate(user) => user.clone(),
-            Credential::Bearer(token) => match self.tokens.authenticate(token).await {
-                Ok(TokenResult::Authenticated(user)) => user,
-                Ok(TokenResult::Rejected) => return Err(AuthFailure::Unauthorized),
-                Err(e) => return Err(AuthFailure::Unavailable(e)),
-            },
+            Credential::Bearer(token) | Credential::WebSocket { token, .. } => {
+                match self.tokens.authenticate(token).await {
+                    Ok(TokenResult::Authenticated(user)) => user,
+                    Ok(TokenResult::Rejected) => return Err(AuthFailure::Unauthorized),
+                    Err(e) => return Err(AuthFailure::Unavailable(e)),
+                }
+            }
             Credential::None if self.anonymous => UserInfo::anonymous(),
             Credential::None => return Err(AuthFailure::Unauthorized),
         };
@@ -322,7 +435,7 @@ mod tests {
         let verified = ClientCertificate::Verified(u.clone());
         let bearer = Ok(Credential::Bearer("abc".into()));
         assert_eq!(
-            Credential::of(&verified, &h),
+            Credential::of(&verified, &h, false),
             Ok(Credential::Certificate(u))
         );
         for cert in [
@@ -330,24 +443,116 @@ mod tests {
             ClientCertificate::NoUser,
             ClientCertificate::Rejected,
         ] {
-            assert_eq!(Credential::of(&cert, &h), bearer, "{cert:?}");
+            assert_eq!(Credential::of(&cert, &h, false), bearer, "{cert:?}");
         }
         let none = HeaderMap::new();
         assert_eq!(
-            Credential::of(&ClientCertificate::None, &none),
+            Credential::of(&ClientCertificate::None, &none, false),
             Ok(Credential::None)
         );
         assert_eq!(
-            Credential::of(&ClientCertificate::NoUser, &none),
+            Credential::of(&ClientCertificate::NoUser, &none, false),
             Ok(Credential::None)
         );
         assert_eq!(
-            Credential::of(&ClientCertificate::Rejected, &none),
+            Credential::of(&ClientCertificate::Rejected, &none, false),
             Err(Unauthenticated)
         );
         // An ignored header is no token.
         assert_eq!(
-            Credential::of(&ClientCertificate::Rejected, &header("Bearer  abc")),
+            Credential::of(&ClientCertificate::Rejected, &header("Bearer  abc"), false),
+            Err(Unauthenticated)
+        );
+    }
+
+    fn protocols(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                http::header::SEC_WEBSOCKET_PROTOCOL,
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn websocket_protocol_tokens_as_the_apiserver_reads_them() {
+        // "token" in base64url without padding.
+        let tok = format!("{BEARER_PROTOCOL_PREFIX}dG9rZW4");
+        let token = |p: &str| ProtocolToken::Token {
+            token: "token".into(),
+            protocols: p.into(),
+        };
+        assert_eq!(ProtocolToken::of(&protocols(&[])), ProtocolToken::None);
+        assert_eq!(
+            ProtocolToken::of(&protocols(&["v4.channel.k8s.io"])),
+            ProtocolToken::None
+        );
+        assert_eq!(
+            ProtocolToken::of(&protocols(&[&format!("{tok}, v4.channel.k8s.io")])),
+            token("v4.channel.k8s.io")
+        );
+        assert_eq!(
+            ProtocolToken::of(&protocols(&["a , b", &tok])),
+            token("a,b")
+        );
+        assert_eq!(
+            ProtocolToken::of(&protocols(&[&tok])),
+            ProtocolToken::Invalid
+        );
+        assert_eq!(
+            ProtocolToken::of(&protocols(&[&format!("{tok},{tok},x")])),
+            ProtocolToken::Invalid
+        );
+        assert_eq!(
+            ProtocolToken::of(&protocols(&[&format!(
+                "{BEARER_PROTOCOL_PREFIX}dG9rZW4=, x"
+            )])),
+            ProtocolToken::Invalid
+        );
+        // "\xff" is not UTF-8.
+        assert_eq!(
+            ProtocolToken::of(&protocols(&[&format!("{BEARER_PROTOCOL_PREFIX}_w, x")])),
+            ProtocolToken::Invalid
+        );
+        // Trailing bits are ignored, as Go's decoder ignores them.
+        assert_eq!(
+            ProtocolToken::of(&protocols(&[&format!(
+                "{BEARER_PROTOCOL_PREFIX}dG9rZW5, x"
+            )])),
+            ProtocolToken::Token {
+                token: "token".into(),
+                protocols: "x".into()
+            }
+        );
+        // An empty token is no token.
+        assert_eq!(
+            ProtocolToken::of(&protocols(&[&format!("{BEARER_PROTOCOL_PREFIX}, x")])),
+            ProtocolToken::None
+        );
+        // Consulted for WebSocket requests only, after the certificate
+        // and the Authorization header.
+        let h = protocols(&[&format!("{tok}, x")]);
+        assert_eq!(
+            Credential::of(&ClientCertificate::Rejected, &h, true),
+            Ok(Credential::WebSocket {
+                token: "token".into(),
+                protocols: "x".into()
+            })
+        );
+        assert_eq!(
+            Credential::of(&ClientCertificate::None, &h, false),
+            Ok(Credential::None)
+        );
+        let mut both = h.clone();
+        both.insert(AUTHORIZATION, HeaderValue::from_static("Bearer abc"));
+        assert_eq!(
+            Credential::of(&ClientCertificate::None, &both, true),
+            Ok(Credential::Bearer("abc".into()))
+        );
+        assert_eq!(
+            Credential::of(&ClientCertificate::None, &protocols(&[&tok]), true),
             Err(Unauthenticated)
         );
     }

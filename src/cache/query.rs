@@ -74,13 +74,15 @@ fn go_bool(v: &str) -> bool {
 /// [`QueryError::PassThrough`].
 pub fn parse(query: Option<&str>, watch: bool) -> Result<ListOptions, QueryError> {
     let mut raw: Vec<(String, String)> = Vec::new();
-    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        if !KNOWN.contains(&k.as_ref()) {
+    // Go's `URL.Query()`: a pair with a `;` or a malformed escape is
+    // dropped, not an error.
+    for (k, v) in crate::url::query_pairs(query.unwrap_or("")) {
+        if !KNOWN.contains(&k.as_str()) {
             return Err(QueryError::PassThrough("unknown query parameter"));
         }
         // Only the first value of a parameter counts.
         if !raw.iter().any(|(rk, _)| *rk == k) {
-            raw.push((k.into_owned(), v.into_owned()));
+            raw.push((k, v));
         }
     }
     let get = |name: &str| raw.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());

@@ -426,6 +426,10 @@ impl Reflector {
             self.cache
                 .metrics
                 .upstream_watch(if progress { "progress" } else { "reflector" });
+        // A watch of a server that is no longer the active upstream (a
+        // fallback's, once the primary is back) ends, and resumes on it.
+        let site_changed = self.upstream.site_changed();
+        tokio::pin!(site_changed);
         let resp = get(
             &self.upstream,
             &self.query(&extra),
@@ -438,7 +442,11 @@ impl Reflector {
         let mut body = resp.into_body();
         let mut buf = BytesMut::new();
         loop {
-            let Some(frame) = body.frame().await else {
+            let frame = tokio::select! {
+                f = body.frame() => f,
+                () = &mut site_changed => return Ok(WatchEnd::Closed),
+            };
+            let Some(frame) = frame else {
                 return Ok(WatchEnd::Closed);
             };
             let frame = frame.map_err(|e| ReflectorError::Upstream(error_chain(&e)))?;

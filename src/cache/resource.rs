@@ -86,6 +86,11 @@ pub struct ReadSettings {
 
 type Probe = Shared<BoxFuture<'static, Result<u64, String>>>;
 
+/// How long consistent lists pass straight through, unprobed, after a
+/// probe found the cache behind upstream: at most one probe per resource
+/// per interval then.
+pub const REPROBE_BEHIND: Duration = Duration::from_secs(1);
+
 /// A resource's cache.
 pub struct ResourceCache {
     info: ResourceInfo,
@@ -97,6 +102,8 @@ pub struct ResourceCache {
     bookmark_template: Mutex<Option<Value>>,
     snapshots: moka::sync::Cache<u64, Objects>,
     probe: Mutex<ProbeSlot>,
+    /// When a probe last found the cache behind upstream, while it is.
+    behind_since: Mutex<Option<Instant>>,
     /// Since when upstream could not be watched, if it cannot.
     upstream_down_since: Mutex<Option<Instant>>,
     pub metrics: ResourceMetrics,
@@ -130,6 +137,7 @@ impl ResourceCache {
             synced,
             progress_wanted: Notify::new(),
             bookmark_template: Mutex::new(None),
+            behind_since: Mutex::new(None),
             // Reconstructed snapshots, so paging through a list at one RV
             // does not rebuild it per page.
             snapshots: moka::sync::Cache::builder()
@@ -334,6 +342,29 @@ impl ResourceCache {
         ok
     }
 
+    /// Whether a probe found the cache behind upstream less than
+    /// [`REPROBE_BEHIND`] ago: a consistent list then passes straight
+    /// through instead of paying for a probe that would most likely find
+    /// the same. A quiet resource in a busy cluster stays behind, because
+    /// the probe returns etcd's revision, which every write anywhere moves,
+    /// while the cache learns newer revisions only from its own events and
+    /// bookmarks.
+    pub fn known_behind(&self) -> bool {
+        self.behind_since
+            .lock()
+            .is_some_and(|at| at.elapsed() < REPROBE_BEHIND)
+    }
+
+    /// Records what a probe found: the cache fresh, or behind (then a
+    /// progress watch is asked for, so a resource that is only briefly
+    /// behind catches up within about a second).
+    pub fn note_probe(&self, fresh: bool) {
+        *self.behind_since.lock() = (!fresh).then(Instant::now);
+        if !fresh {
+            self.progress_wanted.notify_one();
+        }
+    }
+
     /// Resolves when a reader waits for freshness the cache lacks.
     pub async fn progress_wanted(&self) {
         self.progress_wanted.notified().await;
@@ -353,11 +384,18 @@ impl ResourceCache {
         arrived: Instant,
         start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, String>>,
     ) -> Result<u64, String> {
-        let probe = self.probe.lock().join(arrived, start_probe);
-        let result = probe.await;
-        self.metrics
-            .probe(if result.is_ok() { "ok" } else { "error" });
-        result
+        // Counted once per upstream probe, not per request sharing it.
+        let metrics = self.metrics.clone();
+        let probe = self.probe.lock().join(arrived, move || {
+            let probe = start_probe();
+            async move {
+                let result = probe.await;
+                metrics.probe(if result.is_ok() { "ok" } else { "error" });
+                result
+            }
+            .boxed()
+        });
+        probe.await
     }
 }
 
@@ -434,7 +472,12 @@ pub(crate) mod tests {
     use std::sync::Arc;
 
     pub(crate) fn test_cache() -> ResourceCache {
-        let metrics = CacheMetrics::new(&prometheus::Registry::new()).unwrap();
+        test_cache_in(&prometheus::Registry::new())
+    }
+
+    /// A test cache whose metrics are registered in `registry`.
+    fn test_cache_in(registry: &prometheus::Registry) -> ResourceCache {
+        let metrics = CacheMetrics::new(registry).unwrap();
         ResourceCache::new(
             ResourceInfo {
                 gvr: Gvr {
@@ -522,7 +565,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn one_probe_in_flight_and_one_queued() {
-        let c = Arc::new(test_cache());
+        let registry = prometheus::Registry::new();
+        let c = Arc::new(test_cache_in(&registry));
         let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let start = |calls: Arc<std::sync::atomic::AtomicU32>| {
             move || -> BoxFuture<'static, Result<u64, String>> {
@@ -554,6 +598,16 @@ pub(crate) mod tests {
             assert_eq!(l.await.unwrap(), Ok(2));
         }
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // The metric counts upstream probes, not the requests sharing them.
+        let probes: f64 = registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "kube_cache_proxy_cache_consistency_probes_total")
+            .flat_map(|f| f.get_metric())
+            .filter(|m| m.get_label().iter().any(|l| l.value() == "ok"))
+            .map(|m| m.get_counter().get_value())
+            .sum();
+        assert_eq!(probes, 2.0);
     }
 
     #[tokio::test]

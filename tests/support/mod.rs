@@ -5,6 +5,7 @@ pub mod client;
 pub mod differential;
 pub mod env;
 pub mod kubectl;
+pub mod raw;
 pub mod real;
 pub mod recording;
 pub mod sim;

@@ -23,6 +23,7 @@ pub mod request;
 pub mod resource;
 pub mod selector;
 pub mod status;
+pub mod url;
 pub mod user;
 pub mod watch;
 pub mod x509;

@@ -93,7 +93,7 @@ impl Status {
         Status::new(
             StatusCode::NOT_FOUND,
             "NotFound",
-            format!("{qualified} \"{name}\" not found"),
+            format!("{qualified} {} not found", crate::go::quote(name)),
         )
         .with_details(Details {
             name: name.to_string(),

@@ -1,8 +1,9 @@
 //! `--sim`: the simulated kube-apiserver, started in this process on
-//! 127.0.0.1, with the proxy in front of it, either in this process
-//! (`kube_cache_proxy::run`, as the integration tests do) or as a separate
-//! process of the built `kube-cache-proxy` binary (`--proxy-bin`), so its
-//! memory and CPU can be measured on their own.
+//! 127.0.0.1, with the proxy in front of it ([`RunningProxy`], also used by
+//! `--real`), either in this process (`kube_cache_proxy::run`, as the
+//! integration tests do) or as a separate process of the built
+//! `kube-cache-proxy` binary (`--proxy-bin`), so its memory and CPU can be
+//! measured on their own.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -33,9 +34,10 @@ pub struct SimArgs {
     /// through the proxy (for comparison).
     #[arg(long, requires = "sim")]
     pub direct: bool,
-    /// With --sim: run the proxy as a separate process from this binary
-    /// (e.g. target/release/kube-cache-proxy) instead of in this process.
-    #[arg(long, value_name = "PATH", requires = "sim")]
+    /// With --sim or --real: run the proxy as a separate process from this
+    /// binary (e.g. target/release/kube-cache-proxy) instead of in this
+    /// process.
+    #[arg(long, value_name = "PATH")]
     pub proxy_bin: Option<PathBuf>,
     /// With --sim: pods created in the simulated apiserver before the proxy
     /// starts (about 5 KB each, spread over --sim-nodes nodes and 10
@@ -58,14 +60,22 @@ enum Proxy {
     Child(Child),
 }
 
+/// The proxy, started in this process or as a child, and how to reach it.
+pub struct RunningProxy {
+    proxy: Proxy,
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    /// The CA of its serving certificate, PEM.
+    pub ca_pem: String,
+    /// Its admin listener (`/metrics`, `/readyz`).
+    pub admin: SocketAddr,
+}
+
 /// The running sim and proxy.
 pub struct SimEnv {
     pub sim: Sim,
     pub dir: PathBuf,
-    pub proxy_url: String,
-    pub proxy_ca_pem: String,
-    pub admin: SocketAddr,
-    proxy: Proxy,
+    pub proxy: RunningProxy,
 }
 
 fn gvr(group: &str, version: &str, resource: &str) -> Gvr {
@@ -126,8 +136,75 @@ impl SimEnv {
                 pod_for_create(i, args.sim_nodes)?,
             )?;
         }
-        let dir = std::env::temp_dir().join(format!("kcp-load-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir)?;
+        let dir = temp_dir()?;
+        let proxy = RunningProxy::start(
+            &dir,
+            &sim.ca_pem(),
+            &sim.kubeconfig(&SimConfig::default().proxy_user, None),
+            args.watcher_buffer,
+            args.proxy_bin.as_deref(),
+        )
+        .await?;
+        let env = SimEnv { sim, dir, proxy };
+        println!("sim: {} ({} pods)", env.sim.url(), args.sim_pods);
+        env.proxy.ready(Duration::from_secs(120)).await?;
+        Ok(env)
+    }
+
+    /// Writes a kubeconfig for `admin` (system:masters) pointing at the
+    /// proxy, or at the sim when `direct`.
+    pub fn kubeconfig(&self, direct: bool) -> Result<PathBuf> {
+        let issued = self.sim.issue_client("admin", Some("system:masters"));
+        let (name, text) = if direct {
+            (
+                "direct.kubeconfig",
+                self.sim.kubeconfig("admin", Some("system:masters")),
+            )
+        } else {
+            (
+                "proxy.kubeconfig",
+                self.proxy
+                    .kubeconfig("admin", &issued.cert_pem, &issued.key_pem),
+            )
+        };
+        let p = self.dir.join(name);
+        std::fs::write(&p, text)?;
+        Ok(p)
+    }
+
+    /// A GET on the proxy's admin port: status and the raw response.
+    pub async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        self.proxy.admin_get(path).await
+    }
+
+    /// Stops the proxy and removes the files.
+    pub async fn stop(self) {
+        self.proxy.stop().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A fresh directory for the proxy's files.
+pub fn temp_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kcp-load-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+// === impl RunningProxy ===
+
+impl RunningProxy {
+    /// Starts the proxy (files in `dir`) in front of the apiserver of
+    /// `upstream_kubeconfig` (its text), trusting client certificates of
+    /// `client_ca_pem`, with the default caches plus configmaps: in this
+    /// process, or as `bin` in its own. Does not wait until it is ready.
+    pub async fn start(
+        dir: &Path,
+        client_ca_pem: &str,
+        upstream_kubeconfig: &str,
+        watcher_buffer: Option<usize>,
+        bin: Option<&Path>,
+    ) -> Result<RunningProxy> {
         let write = |name: &str, text: &str| -> Result<PathBuf> {
             let p = dir.join(name);
             std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
@@ -137,14 +214,10 @@ impl SimEnv {
         let serving = proxy_ca.issue_server(&["localhost"], &[Ipv4Addr::LOCALHOST.into()])?;
         let cert = write("tls.crt", &serving.cert_pem)?;
         let key = write("tls.key", &serving.key_pem)?;
-        let client_ca = write("client-ca.crt", &sim.ca_pem())?;
-        let upstream = write(
-            "upstream.kubeconfig",
-            &sim.kubeconfig(&SimConfig::default().proxy_user, None),
-        )?;
-        let buffer = args.watcher_buffer;
+        let client_ca = write("client-ca.crt", client_ca_pem)?;
+        let upstream = write("upstream.kubeconfig", upstream_kubeconfig)?;
 
-        let (proxy, proxy_url, admin) = match &args.proxy_bin {
+        let (proxy, url, admin) = match bin {
             None => {
                 let mut config = Config {
                     listen: "127.0.0.1:0".into(),
@@ -162,7 +235,7 @@ impl SimEnv {
                     ..CachedResource::default()
                 });
                 config.cache.ready_wait_milliseconds = 30_000;
-                if let Some(b) = buffer {
+                if let Some(b) = watcher_buffer {
                     config.cache.watcher_buffer_events = b;
                 }
                 config.validate()?;
@@ -188,7 +261,7 @@ impl SimEnv {
                 let admin_port = free_port()?;
                 let config = write(
                     "kube-cache-proxy.yaml",
-                    &proxy_yaml(&cert, &key, &client_ca, &upstream, buffer),
+                    &proxy_yaml(&cert, &key, &client_ca, &upstream, watcher_buffer),
                 )?;
                 let log = std::fs::File::create(dir.join("proxy.log"))?;
                 let args = [
@@ -220,21 +293,16 @@ impl SimEnv {
                 )
             }
         };
-        let env = SimEnv {
-            sim,
-            dir,
-            proxy_url,
-            proxy_ca_pem: proxy_ca.cert_pem(),
-            admin,
+        Ok(RunningProxy {
             proxy,
-        };
-        println!("sim: {} ({} pods)", env.sim.url(), args.sim_pods);
-        env.ready(Duration::from_secs(120)).await?;
-        Ok(env)
+            url,
+            ca_pem: proxy_ca.cert_pem(),
+            admin,
+        })
     }
 
     /// The proxy process id (this process when in-process).
-    pub fn proxy_pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         match &self.proxy {
             Proxy::InProcess { .. } => std::process::id(),
             Proxy::Child(c) => c.id(),
@@ -242,34 +310,20 @@ impl SimEnv {
     }
 
     /// Whether the proxy runs in its own process.
-    pub fn proxy_is_separate(&self) -> bool {
+    pub fn is_separate(&self) -> bool {
         matches!(self.proxy, Proxy::Child(_))
     }
 
-    /// Writes a kubeconfig for `admin` (system:masters) pointing at the
-    /// proxy, or at the sim when `direct`.
-    pub fn kubeconfig(&self, direct: bool) -> Result<PathBuf> {
-        let issued = self.sim.issue_client("admin", Some("system:masters"));
-        let (name, text) = if direct {
-            (
-                "direct.kubeconfig",
-                self.sim.kubeconfig("admin", Some("system:masters")),
-            )
-        } else {
-            (
-                "proxy.kubeconfig",
-                kube_cache_proxy::kubeconfig::with_certificate(
-                    &self.proxy_url,
-                    &self.proxy_ca_pem,
-                    "admin",
-                    &issued.cert_pem,
-                    &issued.key_pem,
-                ),
-            )
-        };
-        let p = self.dir.join(name);
-        std::fs::write(&p, text)?;
-        Ok(p)
+    /// A kubeconfig text reaching the proxy as `user` with a client
+    /// certificate.
+    pub fn kubeconfig(&self, user: &str, cert_pem: &str, key_pem: &str) -> String {
+        kube_cache_proxy::kubeconfig::with_certificate(
+            &self.url,
+            &self.ca_pem,
+            user,
+            cert_pem,
+            key_pem,
+        )
     }
 
     /// A GET on the proxy's admin port: status and the raw response.
@@ -286,7 +340,7 @@ impl SimEnv {
     }
 
     /// Waits until `/readyz` answers 200 (every cache has its first list).
-    async fn ready(&self, timeout: Duration) -> Result<()> {
+    pub async fn ready(&self, timeout: Duration) -> Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut last;
         loop {
@@ -302,7 +356,8 @@ impl SimEnv {
         }
     }
 
-    /// Stops the proxy and removes the files.
+    /// Stops the proxy: in process, through its shutdown signal; a child
+    /// with SIGTERM, then SIGKILL after 10 s.
     pub async fn stop(mut self) {
         match &mut self.proxy {
             Proxy::InProcess { stop, task } => {
@@ -328,11 +383,10 @@ impl SimEnv {
                 let _ = child.wait();
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-impl Drop for SimEnv {
+impl Drop for RunningProxy {
     fn drop(&mut self) {
         if let Proxy::Child(child) = &mut self.proxy {
             let _ = child.kill();

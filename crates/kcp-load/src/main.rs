@@ -9,14 +9,24 @@
 //!   delivery latency as receive time minus that time, and the tool reports
 //!   events/s delivered, latency percentiles and errors; `--lists K` then
 //!   times K list requests (latency, MB/s).
-//! - `list`: K list requests (latency, time to first byte, MB/s).
-//! - `get`: sequential GETs of one object, through the proxy and (with
-//!   `--sim`) directly, for the pass-through or cache latency added.
+//! - `list`: list requests (latency, time to first byte, MB/s), from
+//!   `--concurrency` clients at once, through the proxy and directly.
+//! - `get`: GETs of one object, from `--concurrency` clients at once,
+//!   through the proxy and directly, for the latency the proxy adds.
+//!   `get` and `list` also report how many requests went upstream (the
+//!   proxy's `kube_cache_proxy_cache_reads_total` and probes, and with a
+//!   real apiserver its `apiserver_request_total`), optionally while the
+//!   resource is written to (`--write-rate`) or the rest of the cluster is
+//!   (`--other-write-rate`).
 //! - `idle`: N idle watches over HTTP/2, and the proxy's resident memory
 //!   before and after (`/proc/<pid>/status`), per watcher.
 //! - `ingest`: N objects ingested into a cache `State` in this process; the
 //!   resident memory added, relative to the objects' JSON size.
 //! - `--self-test`: all of the above, small, against `--sim`.
+//!
+//! Targets: a kubeconfig's server, `--sim` (the simulated apiserver and
+//! the proxy, on 127.0.0.1) or `--real` (a real kube-apiserver from
+//! `../shared/k8s/` and the proxy).
 //!
 //! `docs/performance.md` has the commands and figures.
 
@@ -24,8 +34,11 @@ mod client;
 mod env;
 mod fixtures;
 mod hollow;
+mod metrics;
+mod real;
 mod stats;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -45,7 +58,9 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use client::{Conn, Proto, Target};
-use env::{SimArgs, SimEnv};
+use env::{RunningProxy, SimArgs, SimEnv};
+use metrics::Sample;
+use real::{RealArgs, RealEnv, Skip};
 use stats::{Summary, mib, micros, unix_nanos};
 
 /// The annotation carrying a write's wall-clock time (Unix nanoseconds).
@@ -104,6 +119,8 @@ struct TargetArgs {
     encoding: Encoding,
     #[command(flatten)]
     sim: SimArgs,
+    #[command(flatten)]
+    real: RealArgs,
 }
 
 /// The `--encoding` of reads.
@@ -192,33 +209,70 @@ struct WatchArgs {
 struct ListArgs {
     #[command(flatten)]
     target: TargetArgs,
-    /// List requests, one after another.
+    /// List requests per client, one after another.
     #[arg(long, default_value_t = 20)]
     requests: usize,
-    /// Path and query of the list.
-    #[arg(long, default_value = "/api/v1/pods?resourceVersion=0")]
-    path: String,
+    /// Requests per client before measuring.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Path and query of the list (repeatable: each is measured in turn).
+    #[arg(long = "path", default_value = "/api/v1/pods?resourceVersion=0")]
+    paths: Vec<String>,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+/// How `get` and `list` load their target, and what else happens meanwhile.
+#[derive(Debug, Clone, Args)]
+struct LoadArgs {
+    /// Clients at once, each on its own connection, each sending its
+    /// requests one after another.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Rounds, each through the proxy and then directly (when there is a
+    /// direct server to compare with); figures are over all rounds, so
+    /// that drift in the machine's load falls on both sides.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Writes per second to objects of the measured resource (creates, then
+    /// updates with PUT, of 10 objects in turn) while measuring, sent to
+    /// the apiserver directly: a busy resource. 0: a quiet one.
+    #[arg(long, default_value_t = 0.0)]
+    write_rate: f64,
+    /// Collection that --write-rate writes to (configmaps, secrets or
+    /// leases, namespaced). Default: the measured path's collection.
+    #[arg(long, value_name = "PATH")]
+    write_collection: Option<String>,
+    /// Writes per second to Leases in `default` (another resource, as node
+    /// heartbeats are) while measuring: the apiserver's resourceVersion
+    /// moves while the measured resource stays quiet.
+    #[arg(long, default_value_t = 0.0)]
+    other_write_rate: f64,
+    /// Also run the requests against this kubeconfig's server (the
+    /// apiserver directly) for comparison, and read its /metrics for the
+    /// requests that reached it. With --sim or --real: the apiserver started.
+    #[arg(long, value_name = "FILE")]
+    compare_kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
 struct GetArgs {
     #[command(flatten)]
     target: TargetArgs,
-    /// Requests per path, one after another on one connection.
+    /// Requests per path and client, one after another on its connection.
     #[arg(long, default_value_t = 2000)]
     requests: usize,
-    /// Requests per path before measuring.
+    /// Requests per path and client before measuring.
     #[arg(long, default_value_t = 100)]
     warmup: usize,
-    /// Paths to GET (repeatable). Default with --sim: a secret (passed
-    /// through, secrets are not cached) and a configmap (cached), created
-    /// first.
+    /// Paths to GET (repeatable). Default with --sim or --real: a secret
+    /// `default/kcp-load-get` (passed through: secrets are not cached) and
+    /// a configmap of that name, consistent (RV unset: passed through) and
+    /// with `resourceVersion=0` (from the cache), created first.
     #[arg(long = "path")]
     paths: Vec<String>,
-    /// Also run the same requests against this kubeconfig's server (the
-    /// apiserver directly), for comparison. With --sim this is the sim.
-    #[arg(long, value_name = "FILE")]
-    compare_kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    load: LoadArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -312,6 +366,15 @@ struct IngestArgs {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     println!("$ {}", command_line());
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        println!(
+            "load average: {}",
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -339,6 +402,10 @@ fn main() -> std::process::ExitCode {
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<Skip>().is_some() => {
+            println!("kcp-load: skipped: {e}");
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("kcp-load: {e:#}");
             std::process::ExitCode::FAILURE
@@ -364,10 +431,64 @@ fn command_line() -> String {
         .join(" ")
 }
 
-/// The target: a started sim and proxy, or a kubeconfig's server.
-async fn resolve(t: &TargetArgs) -> Result<(Target, Option<SimEnv>)> {
-    if t.sim.sim {
-        let env = SimEnv::start(&t.sim).await?;
+/// A started apiserver (simulated or real) and the proxy in front of it.
+enum Env {
+    Sim(SimEnv),
+    Real(Box<RealEnv>),
+}
+
+impl Env {
+    fn proxy(&self) -> &RunningProxy {
+        match self {
+            Env::Sim(e) => &e.proxy,
+            Env::Real(e) => &e.proxy,
+        }
+    }
+
+    /// A kubeconfig for admin (`system:masters`) reaching the proxy, or
+    /// the apiserver when `direct`.
+    fn kubeconfig(&self, direct: bool) -> Result<PathBuf> {
+        match self {
+            Env::Sim(e) => e.kubeconfig(direct),
+            Env::Real(e) => e.kubeconfig(direct),
+        }
+    }
+
+    /// The apiserver, directly, as admin.
+    async fn direct(&self) -> Result<Target> {
+        match self {
+            Env::Sim(e) => Target::from_kubeconfig(Some(&e.kubeconfig(true)?), None).await,
+            Env::Real(e) => Ok(e.direct.clone()),
+        }
+    }
+
+    fn proxy_pid(&self) -> u32 {
+        self.proxy().pid()
+    }
+
+    fn proxy_is_separate(&self) -> bool {
+        self.proxy().is_separate()
+    }
+
+    async fn stop(self) {
+        match self {
+            Env::Sim(e) => e.stop().await,
+            Env::Real(e) => e.stop().await,
+        }
+    }
+}
+
+/// The target: a started apiserver and proxy, or a kubeconfig's server.
+async fn resolve(t: &TargetArgs) -> Result<(Target, Option<Env>)> {
+    if t.real.real {
+        let env = Env::Real(Box::new(RealEnv::start(&t.real, &t.sim).await?));
+        let target = Target::from_kubeconfig(Some(&env.kubeconfig(false)?), None)
+            .await?
+            .with_accept(t.encoding.accept());
+        println!("target: {} (the proxy)", target.base());
+        Ok((target, Some(env)))
+    } else if t.sim.sim {
+        let env = Env::Sim(SimEnv::start(&t.sim).await?);
         let kubeconfig = env.kubeconfig(t.sim.direct)?;
         let target = Target::from_kubeconfig(Some(&kubeconfig), None)
             .await?
@@ -667,13 +788,45 @@ fn object_body(kind: &str, api_version: &str, ns: &str, name: &str, payload: &st
             "annotations": {SENT_ANNOTATION: unix_nanos().to_string()},
         },
     });
-    if matches!(kind, "ConfigMap" | "Secret")
-        && !payload.is_empty()
-        && let Some(m) = o.as_object_mut()
-    {
-        m.insert("data".into(), json!({ "payload": payload }));
+    if let Some(m) = o.as_object_mut() {
+        match kind {
+            "ConfigMap" | "Secret" if !payload.is_empty() => {
+                m.insert("data".into(), json!({ "payload": payload }));
+            }
+            "Lease" => {
+                m.insert(
+                    "spec".into(),
+                    json!({"holderIdentity": name, "leaseDurationSeconds": 40}),
+                );
+            }
+            _ => {}
+        }
     }
     Bytes::from(serde_json::to_vec(&o).unwrap_or_default())
+}
+
+/// `metadata.resourceVersion` of a JSON object.
+fn resource_version_of(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<Value>(body)
+        .ok()?
+        .pointer("/metadata/resourceVersion")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// `body` (a JSON object) with `metadata.resourceVersion` set to `rv`.
+fn with_resource_version(body: &Bytes, rv: &str) -> Bytes {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(mut o) => {
+            if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.insert("resourceVersion".into(), rv.into());
+            }
+            serde_json::to_vec(&o)
+                .map(Bytes::from)
+                .unwrap_or_else(|_| body.clone())
+        }
+        Err(_) => body.clone(),
+    }
 }
 
 struct WriterPlan {
@@ -685,6 +838,8 @@ struct WriterPlan {
     payload: String,
     interval: Duration,
     end: Instant,
+    /// Stops the writer before `end`.
+    stop: CancellationToken,
 }
 
 async fn writer(target: Target, proto: Proto, plan: WriterPlan) -> WriteOut {
@@ -698,10 +853,16 @@ async fn writer(target: Target, proto: Proto, plan: WriterPlan) -> WriteOut {
         }
     };
     let mut created = vec![false; plan.names.len()];
+    // Each object's last resourceVersion: an update of a Lease must carry
+    // one (`metadata.resourceVersion: must be specified for an update`).
+    let mut rvs: Vec<Option<String>> = vec![None; plan.names.len()];
     let mut next = tokio::time::Instant::now();
     let mut i = 0usize;
     while Instant::now() < plan.end {
-        tokio::time::sleep_until(next).await;
+        tokio::select! {
+            _ = plan.stop.cancelled() => break,
+            _ = tokio::time::sleep_until(next) => {}
+        }
         // Keep the rate, but do not burst to catch up after a stall.
         next = (next + plan.interval).max(tokio::time::Instant::now());
         let k = i % plan.names.len();
@@ -712,23 +873,42 @@ async fn writer(target: Target, proto: Proto, plan: WriterPlan) -> WriteOut {
         } else {
             (Method::POST, plan.collection.clone())
         };
-        let body = object_body(
+        let mut body = object_body(
             &plan.kind,
             &plan.api_version,
             &plan.namespace,
             name,
             &plan.payload,
         );
+        if let (true, Some(rv)) = (created[k], &rvs[k]) {
+            body = with_resource_version(&body, rv);
+        }
         let start = Instant::now();
         match target.fetch(&mut conn, method, &path, Some(body)).await {
             Ok(r) if r.status.is_success() => {
                 out.ok += 1;
                 out.latencies.push(micros(start.elapsed()));
                 created[k] = true;
+                rvs[k] = resource_version_of(&r.body);
             }
-            Ok(r) if r.status == StatusCode::CONFLICT && !created[k] => {
-                // Left over from an earlier run: update it from now on.
+            Ok(r) if r.status == StatusCode::CONFLICT => {
+                // Left over from an earlier run, or written meanwhile:
+                // update it from its current resourceVersion.
+                if created[k] {
+                    out.errors += 1;
+                    out.last_error =
+                        Some(format!("{} {}", r.status, String::from_utf8_lossy(&r.body)));
+                }
                 created[k] = true;
+                let current = target
+                    .fetch(
+                        &mut conn,
+                        Method::GET,
+                        &format!("{}/{name}", plan.collection),
+                        None,
+                    )
+                    .await;
+                rvs[k] = current.ok().and_then(|r| resource_version_of(&r.body));
             }
             Ok(r) => {
                 out.errors += 1;
@@ -767,7 +947,7 @@ async fn watch(a: &WatchArgs) -> Result<WatchReport> {
     report
 }
 
-async fn watch_on(target: &Target, env: Option<&SimEnv>, a: &WatchArgs) -> Result<WatchReport> {
+async fn watch_on(target: &Target, env: Option<&Env>, a: &WatchArgs) -> Result<WatchReport> {
     let proto = a.target.proto;
     let r = &a.resource;
     let kind = kind_of(r)?;
@@ -815,7 +995,7 @@ async fn watch_on(target: &Target, env: Option<&SimEnv>, a: &WatchArgs) -> Resul
         opened.elapsed().as_secs_f64()
     );
 
-    let pid = env.filter(|e| e.proxy_is_separate()).map(SimEnv::proxy_pid);
+    let pid = env.filter(|e| e.proxy_is_separate()).map(Env::proxy_pid);
     let cpu0 = pid.and_then(stats::cpu_of);
     let self_cpu0 = stats::cpu_of(std::process::id());
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
@@ -852,6 +1032,7 @@ async fn watch_on(target: &Target, env: Option<&SimEnv>, a: &WatchArgs) -> Resul
                     payload: payload.clone(),
                     interval,
                     end,
+                    stop: CancellationToken::new(),
                 },
             ))
         })
@@ -984,20 +1165,16 @@ async fn watch_on(target: &Target, env: Option<&SimEnv>, a: &WatchArgs) -> Resul
 
 async fn list(a: &ListArgs) -> Result<()> {
     let (target, env) = resolve(&a.target).await?;
-    let result = list_run(&target, a.target.proto, &a.path, a.requests).await;
-    if let (Ok(_), Some(env)) = (&result, &env)
-        && !a.target.sim.direct
-    {
-        println!("--- the same, directly against the simulated apiserver");
-        let direct = Target::from_kubeconfig(Some(&env.kubeconfig(true)?), None)
-            .await?
-            .with_accept(a.target.encoding.accept());
-        list_run(&direct, a.target.proto, &a.path, a.requests).await?;
-    }
+    let result = list_on(&target, env.as_ref(), a).await;
     if let Some(env) = env {
         env.stop().await;
     }
     result.map(|_| ())
+}
+
+async fn list_on(target: &Target, env: Option<&Env>, a: &ListArgs) -> Result<Vec<Compared>> {
+    let plan = Plan::new(target, env, &a.target, &a.load).await?;
+    plan.run(&a.paths, a.requests, a.warmup).await
 }
 
 /// Times `n` sequential lists of `path` on one connection.
@@ -1093,14 +1270,14 @@ async fn get(a: &GetArgs) -> Result<()> {
     if let Some(env) = env {
         env.stop().await;
     }
-    result
+    result.map(|_| ())
 }
 
-async fn get_on(target: &Target, env: Option<&SimEnv>, a: &GetArgs) -> Result<()> {
-    let proto = a.target.proto;
+async fn get_on(target: &Target, env: Option<&Env>, a: &GetArgs) -> Result<Vec<Compared>> {
     let mut paths = a.paths.clone();
     if let Some(env) = env {
         // A secret (not cached: passed through) and a configmap (cached).
+        let direct = env.direct().await?;
         for (resource, kind, extra) in [
             ("secrets", "Secret", json!({"data": {"k": "dmFsdWU="}})),
             ("configmaps", "ConfigMap", json!({"data": {"k": "value"}})),
@@ -1109,16 +1286,12 @@ async fn get_on(target: &Target, env: Option<&SimEnv>, a: &GetArgs) -> Result<()
             if let (Some(m), Some(e)) = (o.as_object_mut(), extra.as_object()) {
                 m.extend(e.clone());
             }
-            let gvr = kube_cache_proxy::resource::Gvr {
-                group: String::new(),
-                version: "v1".into(),
-                resource: resource.into(),
-            };
-            match env.sim.create(&gvr, o) {
-                Ok(_) => {}
-                Err(s) if s.code == 409 => {}
-                Err(s) => bail!("creating a {kind}: {}", s.message),
-            }
+            real::create(
+                &direct,
+                &format!("/api/v1/namespaces/default/{resource}"),
+                &o,
+            )
+            .await?;
         }
         if paths.is_empty() {
             paths = vec![
@@ -1131,58 +1304,724 @@ async fn get_on(target: &Target, env: Option<&SimEnv>, a: &GetArgs) -> Result<()
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     if paths.is_empty() {
-        bail!("--path is required without --sim");
+        bail!("--path is required without --sim or --real");
     }
-    let compare = match (env, &a.compare_kubeconfig) {
-        (_, Some(k)) => Some(Target::from_kubeconfig(Some(k), None).await?),
-        (Some(env), None) if !a.target.sim.direct => {
-            Some(Target::from_kubeconfig(Some(&env.kubeconfig(true)?), None).await?)
-        }
-        _ => None,
-    };
-    for path in &paths {
-        let through = get_run(target, proto, path, a.requests, a.warmup).await?;
-        println!("get {path} via {}: {through}", target.base());
-        if let Some(direct) = &compare {
-            let d = get_run(direct, proto, path, a.requests, a.warmup).await?;
-            println!("get {path} via {} (direct): {d}", direct.base());
-            let diff = |a: u64, b: u64| format!("{:+.3}ms", (a as f64 - b as f64) / 1000.0);
-            println!(
-                "get {path}: added p50 {} p90 {} p99 {}",
-                diff(through.p50, d.p50),
-                diff(through.p90, d.p90),
-                diff(through.p99, d.p99)
-            );
-        }
-    }
-    Ok(())
+    let plan = Plan::new(target, env, &a.target, &a.load).await?;
+    plan.run(&paths, a.requests, a.warmup).await
 }
 
-async fn get_run(
+// --- concurrent clients, compared ---
+
+/// The resource a request path names: `(group, resource, verb)`, the verb
+/// as kube-apiserver's metrics name it (`GET` with a name, else `LIST`).
+fn path_resource(path: &str) -> Option<(String, String, &'static str)> {
+    let path = path.split('?').next().unwrap_or(path);
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segs.as_slice() {
+        ["api", _version, rest @ ..] => (String::new(), rest),
+        ["apis", group, _version, rest @ ..] => (group.to_string(), rest),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["namespaces", _ns, r, tail @ ..] if !r.is_empty() => {
+            let mut v = vec![*r];
+            v.extend(tail);
+            v
+        }
+        other => other.to_vec(),
+    };
+    match rest.as_slice() {
+        [r] => Some((group, r.to_string(), "LIST")),
+        [r, _name] => Some((group, r.to_string(), "GET")),
+        _ => None,
+    }
+}
+
+/// A namespaced collection path: `(apiVersion, namespace, resource)`.
+fn parse_collection(path: &str) -> Option<(String, String, String)> {
+    let path = path.split('?').next().unwrap_or(path);
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match segs.as_slice() {
+        ["api", v, "namespaces", ns, r, ..] => Some((v.to_string(), ns.to_string(), r.to_string())),
+        ["apis", g, v, "namespaces", ns, r, ..] => {
+            Some((format!("{g}/{v}"), ns.to_string(), r.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// What one run of concurrent clients measured.
+#[derive(Debug, Default)]
+struct LoadOut {
+    /// Latency of each measured request answered 200 (µs).
+    latencies: Vec<u32>,
+    /// Time to its first body byte (µs).
+    first_byte: Vec<u32>,
+    /// Measured requests sent.
+    requests: usize,
+    errors: usize,
+    last_error: Option<String>,
+    bytes: u64,
+    /// Items of a list response.
+    items: Option<usize>,
+    /// From the clients' start to the last one's end, summed over rounds.
+    wall: Duration,
+    /// Growth of `apiserver_request_total` by verb, group, resource.
+    apiserver: Option<BTreeMap<Vec<String>, f64>>,
+    /// Growth of the proxy's `cache_reads_total` by resource, verb,
+    /// source, reason.
+    reads: Option<BTreeMap<Vec<String>, f64>>,
+    /// Growth of the proxy's `cache_consistency_probes_total` by resource,
+    /// result.
+    probes: Option<BTreeMap<Vec<String>, f64>>,
+    /// Growth of the proxy's `cache_progress_watches_total` by resource.
+    progress: Option<BTreeMap<Vec<String>, f64>>,
+}
+
+fn merge_maps(a: &mut Option<BTreeMap<Vec<String>, f64>>, b: Option<BTreeMap<Vec<String>, f64>>) {
+    if let Some(b) = b {
+        let a = a.get_or_insert_with(BTreeMap::new);
+        for (k, v) in b {
+            *a.entry(k).or_default() += v;
+        }
+    }
+}
+
+impl LoadOut {
+    fn merge(&mut self, o: LoadOut) {
+        self.latencies.extend(o.latencies);
+        self.first_byte.extend(o.first_byte);
+        self.requests += o.requests;
+        self.errors += o.errors;
+        if o.last_error.is_some() {
+            self.last_error = o.last_error;
+        }
+        self.bytes += o.bytes;
+        self.items = self.items.or(o.items);
+        self.wall += o.wall;
+        merge_maps(&mut self.apiserver, o.apiserver);
+        merge_maps(&mut self.reads, o.reads);
+        merge_maps(&mut self.probes, o.probes);
+        merge_maps(&mut self.progress, o.progress);
+    }
+
+    fn per_second(&self) -> f64 {
+        self.requests as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Upstream requests the measured requests caused, per request: reads
+    /// (GET, LIST, WATCH) of `resource` and SubjectAccessReviews, from the
+    /// apiserver's metrics.
+    fn upstream_per_request(&self, resource: &(String, String, &str)) -> Option<f64> {
+        let m = self.apiserver.as_ref()?;
+        let n: f64 = m
+            .iter()
+            .filter(|(k, _)| {
+                (k[1] == resource.0
+                    && k[2] == resource.1
+                    && matches!(k[0].as_str(), "GET" | "LIST" | "WATCH"))
+                    || k[2] == "subjectaccessreviews"
+            })
+            .fold(0.0, |a, (_, v)| a + v);
+        Some(n / self.requests.max(1) as f64)
+    }
+
+    /// The share of the measured reads the proxy served from its cache.
+    fn cache_share(&self, resource: &(String, String, &str)) -> Option<f64> {
+        let m = self.reads.as_ref()?;
+        let (mut cache, mut all) = (0.0, 0.0);
+        for (k, v) in m {
+            if k[0] == resource.1 && k[1] == resource.2 {
+                all += v;
+                if k[2] == "cache" {
+                    cache += v;
+                }
+            }
+        }
+        (all > 0.0).then_some(cache / all)
+    }
+
+    fn probes_per_request(&self, resource: &(String, String, &str)) -> Option<f64> {
+        let m = self.probes.as_ref()?;
+        let n: f64 = m
+            .iter()
+            .filter(|(k, _)| k[0] == resource.1)
+            .fold(0.0, |a, (_, v)| a + v);
+        Some(n / self.requests.max(1) as f64)
+    }
+}
+
+/// Where metrics are read before and after a run.
+struct Meters<'a> {
+    proxy: Option<&'a RunningProxy>,
+    apiserver: Option<&'a Target>,
+}
+
+type Snapshot = (Option<Vec<Sample>>, Option<Vec<Sample>>);
+
+impl Meters<'_> {
+    async fn snapshot(&self) -> Snapshot {
+        let proxy = match self.proxy {
+            Some(p) => match p.admin_get("/metrics").await {
+                Ok((200, text)) => Some(metrics::parse(&text)),
+                _ => None,
+            },
+            None => None,
+        };
+        let apiserver = match self.apiserver {
+            Some(t) => {
+                async {
+                    let mut conn = t.connect(Proto::H1).await.ok()?;
+                    let r = t
+                        .fetch(&mut conn, Method::GET, "/metrics", None)
+                        .await
+                        .ok()?;
+                    (r.status == StatusCode::OK)
+                        .then(|| metrics::parse(&String::from_utf8_lossy(&r.body)))
+                }
+                .await
+            }
+            None => None,
+        };
+        (proxy, apiserver)
+    }
+}
+
+/// One GET on `conn`: status, body bytes, time to first byte, and the body
+/// when `keep`.
+async fn timed_get(
+    target: &Target,
+    conn: &mut Conn,
+    path: &str,
+    keep: bool,
+) -> Result<(StatusCode, u64, Duration, Vec<u8>)> {
+    let req = target.request(conn, Method::GET, path, None)?;
+    let start = Instant::now();
+    let resp = conn.send(req).await?;
+    let status = resp.status();
+    let mut body = resp.into_body();
+    let mut len = 0u64;
+    let mut first = None;
+    let mut kept = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.context("reading the response")?.into_data() {
+            first.get_or_insert_with(|| start.elapsed());
+            len += data.len() as u64;
+            if keep || status != StatusCode::OK {
+                kept.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok((status, len, first.unwrap_or_else(|| start.elapsed()), kept))
+}
+
+#[derive(Default)]
+struct ClientOut {
+    latencies: Vec<u32>,
+    first_byte: Vec<u32>,
+    requests: usize,
+    errors: usize,
+    last_error: Option<String>,
+    bytes: u64,
+    items: Option<usize>,
+}
+
+/// `clients` clients, each on its own connection, each sending `warmup`
+/// then `requests` GETs of `path` one after another; all start measuring
+/// together, once every client has warmed up. Metrics are read between
+/// the warm-up and the measured requests, and after.
+async fn load(
     target: &Target,
     proto: Proto,
     path: &str,
-    n: usize,
+    clients: usize,
+    requests: usize,
     warmup: usize,
-) -> Result<Summary> {
-    let mut conn = target.connect(proto).await?;
-    let mut lat = Vec::with_capacity(n);
-    for i in 0..warmup + n {
-        let start = Instant::now();
-        let r = target.fetch(&mut conn, Method::GET, path, None).await?;
-        let took = start.elapsed();
-        if r.status != StatusCode::OK {
-            bail!(
-                "GET {path}: {} {}",
-                r.status,
-                String::from_utf8_lossy(&r.body)
+    meters: &Meters<'_>,
+) -> Result<LoadOut> {
+    let clients = clients.max(1);
+    let warmed = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    let go = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    let mut tasks = Vec::with_capacity(clients);
+    for c in 0..clients {
+        let (target, path, warmed, go) =
+            (target.clone(), path.to_string(), warmed.clone(), go.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut out = ClientOut::default();
+            let mut conn = match target.connect(proto).await {
+                Ok(conn) => Some(conn),
+                Err(e) => {
+                    out.last_error = Some(format!("{e:#}"));
+                    None
+                }
+            };
+            if let Some(conn) = conn.as_mut() {
+                for _ in 0..warmup {
+                    if let Err(e) = timed_get(&target, conn, &path, false).await {
+                        out.last_error = Some(format!("warm-up: {e:#}"));
+                        break;
+                    }
+                }
+            }
+            // Every client waits at both barriers, connected or not.
+            warmed.wait().await;
+            go.wait().await;
+            let Some(mut conn) = conn else {
+                out.errors = requests;
+                out.requests = requests;
+                return out;
+            };
+            for i in 0..requests {
+                out.requests += 1;
+                let start = Instant::now();
+                let keep = c == 0 && i == 0;
+                match timed_get(&target, &mut conn, &path, keep).await {
+                    Ok((StatusCode::OK, len, first, body)) => {
+                        out.latencies.push(micros(start.elapsed()));
+                        out.first_byte.push(micros(first));
+                        out.bytes += len;
+                        if keep {
+                            out.items = serde_json::from_slice::<Value>(&body).ok().and_then(|v| {
+                                v.get("items").and_then(Value::as_array).map(Vec::len)
+                            });
+                        }
+                    }
+                    Ok((status, _, _, body)) => {
+                        out.errors += 1;
+                        let text = String::from_utf8_lossy(&body);
+                        out.last_error = Some(format!(
+                            "{status} {}",
+                            text.chars().take(300).collect::<String>()
+                        ));
+                    }
+                    Err(e) => {
+                        out.errors += 1;
+                        out.last_error = Some(format!("{e:#}"));
+                        match target.connect(proto).await {
+                            Ok(c) => conn = c,
+                            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                        }
+                    }
+                }
+            }
+            out
+        }));
+    }
+    warmed.wait().await;
+    let before = meters.snapshot().await;
+    go.wait().await;
+    let started = Instant::now();
+    let mut out = LoadOut::default();
+    for t in tasks {
+        let c = t.await?;
+        out.latencies.extend(c.latencies);
+        out.first_byte.extend(c.first_byte);
+        out.requests += c.requests;
+        out.errors += c.errors;
+        if c.last_error.is_some() {
+            out.last_error = c.last_error;
+        }
+        out.bytes += c.bytes;
+        out.items = out.items.or(c.items);
+    }
+    out.wall = started.elapsed();
+    let after = meters.snapshot().await;
+    if let (Some(b), Some(a)) = (&before.1, &after.1) {
+        out.apiserver = Some(metrics::growth(
+            b,
+            a,
+            "apiserver_request_total",
+            &["verb", "group", "resource"],
+        ));
+    }
+    if let (Some(b), Some(a)) = (&before.0, &after.0) {
+        out.reads = Some(metrics::growth(
+            b,
+            a,
+            "kube_cache_proxy_cache_reads_total",
+            &["resource", "verb", "source", "reason"],
+        ));
+        out.probes = Some(metrics::growth(
+            b,
+            a,
+            "kube_cache_proxy_cache_consistency_probes_total",
+            &["resource", "result"],
+        ));
+        out.progress = Some(metrics::growth(
+            b,
+            a,
+            "kube_cache_proxy_cache_progress_watches_total",
+            &["resource"],
+        ));
+    }
+    Ok(out)
+}
+
+/// A path's figures through the target and directly.
+#[derive(Debug)]
+struct Compared {
+    path: String,
+    target: LoadOut,
+    direct: Option<LoadOut>,
+}
+
+/// Who is measured, against what, and what runs meanwhile.
+struct Plan<'a> {
+    target: &'a Target,
+    /// The target is the proxy started here.
+    proxy: Option<&'a RunningProxy>,
+    /// The apiserver directly, to compare with.
+    direct: Option<Target>,
+    /// Where writes and `/metrics` of the apiserver go.
+    apiserver: Option<Target>,
+    proto: Proto,
+    load: &'a LoadArgs,
+}
+
+impl<'a> Plan<'a> {
+    async fn new(
+        target: &'a Target,
+        env: Option<&'a Env>,
+        t: &TargetArgs,
+        load: &'a LoadArgs,
+    ) -> Result<Plan<'a>> {
+        let direct = match (env, &load.compare_kubeconfig) {
+            (_, Some(k)) => Some(Target::from_kubeconfig(Some(k), None).await?),
+            (Some(env), None) if !t.sim.direct => Some(env.direct().await?),
+            _ => None,
+        };
+        // Compared in the same representation; writes and metrics in JSON.
+        let direct = direct.map(|d| d.with_accept(t.encoding.accept()));
+        let apiserver = match (&direct, env) {
+            (Some(d), _) => Some(d.clone().with_accept("application/json")),
+            (None, Some(env)) => Some(env.direct().await?),
+            (None, None) => None,
+        };
+        Ok(Plan {
+            target,
+            proxy: env.filter(|_| !t.sim.direct).map(Env::proxy),
+            direct,
+            apiserver,
+            proto: t.proto,
+            load,
+        })
+    }
+
+    /// Starts a writer of `rate` writes/s to 10 objects of `collection`
+    /// (sent to the apiserver directly when known).
+    fn writer(
+        &self,
+        collection: &str,
+        rate: f64,
+        stop: &CancellationToken,
+    ) -> Result<tokio::task::JoinHandle<WriteOut>> {
+        let (api_version, namespace, resource) = parse_collection(collection)
+            .ok_or_else(|| anyhow!("{collection}: not a namespaced collection to write to"))?;
+        let kind = match resource.as_str() {
+            "configmaps" => "ConfigMap",
+            "secrets" => "Secret",
+            "leases" => "Lease",
+            other => bail!("writing {other} is not supported (configmaps, secrets, leases)"),
+        };
+        let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        println!("write: {rate:.1} writes/s to 10 {kind}s of {collection}, directly");
+        Ok(tokio::spawn(writer(
+            self.apiserver
+                .clone()
+                .unwrap_or_else(|| self.target.clone()),
+            Proto::H2,
+            WriterPlan {
+                kind: kind.into(),
+                api_version,
+                namespace,
+                collection: collection.split('?').next().unwrap_or(collection).into(),
+                names: (0..10).map(|k| format!("kcp-load-{run_id}-{k}")).collect(),
+                payload: "A".repeat(64),
+                interval: Duration::from_secs_f64(1.0 / rate.max(0.001)),
+                end: Instant::now() + Duration::from_secs(24 * 3600),
+                stop: stop.clone(),
+            },
+        )))
+    }
+
+    /// Measures every path, `rounds` times through the target and directly,
+    /// while the writers run; prints and returns the figures.
+    async fn run(&self, paths: &[String], requests: usize, warmup: usize) -> Result<Vec<Compared>> {
+        let l = self.load;
+        let stop = CancellationToken::new();
+        let mut writers = Vec::new();
+        let started = Instant::now();
+        if l.write_rate > 0.0 {
+            let collection = match &l.write_collection {
+                Some(c) => c.clone(),
+                None => {
+                    let (v, ns, r) =
+                        paths
+                            .first()
+                            .and_then(|p| parse_collection(p))
+                            .ok_or_else(|| {
+                                anyhow!(
+                                    "--write-collection is required: the path is not namespaced"
+                                )
+                            })?;
+                    if v.contains('/') {
+                        format!("/apis/{v}/namespaces/{ns}/{r}")
+                    } else {
+                        format!("/api/{v}/namespaces/{ns}/{r}")
+                    }
+                }
+            };
+            writers.push(self.writer(&collection, l.write_rate, &stop)?);
+        }
+        if l.other_write_rate > 0.0 {
+            writers.push(self.writer(
+                "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+                l.other_write_rate,
+                &stop,
+            )?);
+        }
+        if !writers.is_empty() {
+            // Let the writers create their objects and reach their rate.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let result = self.measure(paths, requests, warmup).await;
+        stop.cancel();
+        let secs = started.elapsed().as_secs_f64();
+        for w in writers {
+            let o = w.await?;
+            println!(
+                "write: {} ok ({:.1}/s), {} errors{}",
+                o.ok,
+                o.ok as f64 / secs,
+                o.errors,
+                o.last_error
+                    .map(|e| format!("; last: {e}"))
+                    .unwrap_or_default()
             );
         }
-        if i >= warmup {
-            lat.push(micros(took));
-        }
+        result
     }
-    Ok(Summary::of(&mut lat))
+
+    async fn measure(
+        &self,
+        paths: &[String],
+        requests: usize,
+        warmup: usize,
+    ) -> Result<Vec<Compared>> {
+        let l = self.load;
+        let through = Meters {
+            proxy: self.proxy,
+            apiserver: self.apiserver.as_ref(),
+        };
+        let direct_meters = Meters {
+            proxy: None,
+            apiserver: self.apiserver.as_ref(),
+        };
+        let name = if self.proxy.is_some() {
+            "proxy"
+        } else {
+            "target"
+        };
+        let mut all = Vec::new();
+        for path in paths {
+            println!(
+                "--- GET {path}: {} clients x {requests} requests (after {warmup}), {} round(s)",
+                l.concurrency, l.rounds
+            );
+            let mut t = LoadOut::default();
+            let mut d = self.direct.as_ref().map(|_| LoadOut::default());
+            for _ in 0..l.rounds.max(1) {
+                t.merge(
+                    load(
+                        self.target,
+                        self.proto,
+                        path,
+                        l.concurrency,
+                        requests,
+                        warmup,
+                        &through,
+                    )
+                    .await?,
+                );
+                if let (Some(direct), Some(d)) = (&self.direct, d.as_mut()) {
+                    d.merge(
+                        load(
+                            direct,
+                            self.proto,
+                            path,
+                            l.concurrency,
+                            requests,
+                            warmup,
+                            &direct_meters,
+                        )
+                        .await?,
+                    );
+                }
+            }
+            let resource = path_resource(path);
+            report(name, self.target.base(), &mut t, resource.as_ref());
+            if let (Some(direct), Some(d)) = (&self.direct, d.as_mut()) {
+                report("direct", direct.base(), d, resource.as_ref());
+                compare(path, l.concurrency, &mut t, d, resource.as_ref());
+            }
+            all.push(Compared {
+                path: path.clone(),
+                target: t,
+                direct: d,
+            });
+        }
+        Ok(all)
+    }
+}
+
+fn per(n: f64, requests: usize) -> String {
+    format!("{:.3}", n / requests.max(1) as f64)
+}
+
+/// Prints one side's figures.
+fn report(name: &str, base: &str, o: &mut LoadOut, resource: Option<&(String, String, &str)>) {
+    let lat = Summary::of(&mut o.latencies);
+    println!(
+        "{name} ({base}): {} requests, {} errors, {:.1} requests/s; latency {lat}",
+        o.requests,
+        o.errors,
+        o.per_second()
+    );
+    if let Some(items) = o.items {
+        let ttfb = Summary::of(&mut o.first_byte);
+        println!(
+            "{name}: {items} items, {} per response, {:.1} MiB/s; time to first byte {ttfb}",
+            mib(o.bytes / o.latencies.len().max(1) as u64),
+            o.bytes as f64 / o.wall.as_secs_f64().max(1e-9) / (1024.0 * 1024.0),
+        );
+    }
+    if let Some(e) = &o.last_error {
+        println!("{name}: last error: {e}");
+    }
+    if let Some(m) = &o.apiserver {
+        let lines: Vec<String> = m
+            .iter()
+            .map(|(k, v)| {
+                let r = if k[1].is_empty() {
+                    k[2].clone()
+                } else {
+                    format!("{}.{}", k[2], k[1])
+                };
+                format!(
+                    "{} {} {v} ({}/req)",
+                    k[0],
+                    if r.is_empty() { "-" } else { &r },
+                    per(*v, o.requests)
+                )
+            })
+            .collect();
+        let total = resource
+            .and_then(|r| o.upstream_per_request(r))
+            .map(|v| format!("{v:.3}"))
+            .unwrap_or_else(|| "?".into());
+        println!(
+            "{name}: apiserver requests meanwhile (apiserver_request_total): reads of the resource and SubjectAccessReviews {total} per request; all: {}",
+            if lines.is_empty() {
+                "none".into()
+            } else {
+                lines.join(", ")
+            }
+        );
+    }
+    if let Some(m) = &o.reads {
+        let lines: Vec<String> = m
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{} {} {}{} {v} ({}/req)",
+                    k[1],
+                    k[0],
+                    k[2],
+                    if k[3].is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", k[3])
+                    },
+                    per(*v, o.requests)
+                )
+            })
+            .collect();
+        let probes: Vec<String> = o
+            .probes
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{} {} {v} ({}/req)", k[0], k[1], per(*v, o.requests)))
+            .collect();
+        let progress: Vec<String> = o
+            .progress
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{} {v}", k[0]))
+            .collect();
+        println!(
+            "{name}: proxy cache reads (kube_cache_proxy_cache_reads_total): {}; consistency probes: {}; progress watches: {}",
+            if lines.is_empty() {
+                "none".into()
+            } else {
+                lines.join(", ")
+            },
+            if probes.is_empty() {
+                "none".into()
+            } else {
+                probes.join(", ")
+            },
+            if progress.is_empty() {
+                "none".into()
+            } else {
+                progress.join(", ")
+            },
+        );
+    }
+}
+
+/// Prints the difference and a table row for docs/performance.md.
+fn compare(
+    path: &str,
+    clients: usize,
+    t: &mut LoadOut,
+    d: &mut LoadOut,
+    resource: Option<&(String, String, &str)>,
+) {
+    let (ts, ds) = (Summary::of(&mut t.latencies), Summary::of(&mut d.latencies));
+    let diff = |a: f64, b: f64| format!("{:+.3}", (a - b) / 1000.0);
+    println!(
+        "{path}: added by the proxy: p50 {}ms p90 {}ms p99 {}ms mean {}ms",
+        diff(ts.p50 as f64, ds.p50 as f64),
+        diff(ts.p90 as f64, ds.p90 as f64),
+        diff(ts.p99 as f64, ds.p99 as f64),
+        diff(ts.mean, ds.mean),
+    );
+    let opt = |v: Option<f64>, pct: bool| match v {
+        Some(v) if pct => format!("{:.0} %", v * 100.0),
+        Some(v) => format!("{v:.3}"),
+        None => "?".into(),
+    };
+    let ms3 = |s: &Summary| {
+        format!(
+            "{:.2} / {:.2} / {:.2}",
+            s.p50 as f64 / 1000.0,
+            s.p99 as f64 / 1000.0,
+            s.mean / 1000.0
+        )
+    };
+    println!(
+        "row: | `{path}` | {clients} | {} | {} | {} / {} | {:.0} / {:.0} | {} / {} | {} | {} |",
+        ms3(&ts),
+        ms3(&ds),
+        diff(ts.p50 as f64, ds.p50 as f64),
+        diff(ts.mean, ds.mean),
+        t.per_second(),
+        d.per_second(),
+        opt(resource.and_then(|r| t.upstream_per_request(r)), false),
+        opt(resource.and_then(|r| d.upstream_per_request(r)), false),
+        opt(resource.and_then(|r| t.probes_per_request(r)), false),
+        opt(resource.and_then(|r| t.cache_share(r)), true),
+    );
 }
 
 // --- authz ---
@@ -1219,8 +2058,8 @@ async fn authz_on(env: &SimEnv, a: &AuthzArgs) -> Result<AuthzReport> {
         std::fs::write(
             &file,
             kube_cache_proxy::kubeconfig::with_certificate(
-                &env.proxy_url,
-                &env.proxy_ca_pem,
+                &env.proxy.url,
+                &env.proxy.ca_pem,
                 &user,
                 &issued.cert_pem,
                 &issued.key_pem,
@@ -1328,7 +2167,7 @@ async fn idle(a: &IdleArgs) -> Result<IdleReport> {
     result
 }
 
-async fn idle_on(target: &Target, env: Option<&SimEnv>, a: &IdleArgs) -> Result<IdleReport> {
+async fn idle_on(target: &Target, env: Option<&Env>, a: &IdleArgs) -> Result<IdleReport> {
     let proto = a.target.proto;
     let pid = match (a.pid, env) {
         (Some(p), _) => p,
@@ -1611,9 +2450,15 @@ async fn self_test() -> Result<()> {
         proto: Proto::H2,
         encoding: Encoding::Json,
         sim: sim_args.clone(),
+        real: RealArgs {
+            real: false,
+            pods: 0,
+            configmaps: 0,
+        },
     };
-    let env = SimEnv::start(&sim_args).await?;
-    let target = Target::from_kubeconfig(Some(&env.kubeconfig(false)?), None).await?;
+    let sim_env = SimEnv::start(&sim_args).await?;
+    let target = Target::from_kubeconfig(Some(&sim_env.kubeconfig(false)?), None).await?;
+    let env = Env::Sim(sim_env);
     let mut failures = Vec::new();
 
     for encoding in [Encoding::Json, Encoding::Protobuf] {
@@ -1653,8 +2498,16 @@ async fn self_test() -> Result<()> {
         }
     }
 
+    let load_args = |concurrency: usize, write_rate: f64| LoadArgs {
+        concurrency,
+        rounds: 1,
+        write_rate,
+        write_collection: None,
+        other_write_rate: if write_rate > 0.0 { 10.0 } else { 0.0 },
+        compare_kubeconfig: None,
+    };
     println!("=== get: 50 requests per path");
-    get_on(
+    let g = get_on(
         &target,
         Some(&env),
         &GetArgs {
@@ -1662,10 +2515,94 @@ async fn self_test() -> Result<()> {
             requests: 50,
             warmup: 5,
             paths: Vec::new(),
-            compare_kubeconfig: None,
+            load: load_args(1, 0.0),
         },
     )
     .await?;
+    failures.extend(check_compared(&g));
+
+    println!("=== get: 20 clients, a consistent GET (passed through, no probe)");
+    let g = get_on(
+        &target,
+        Some(&env),
+        &GetArgs {
+            target: target_args.clone(),
+            requests: 10,
+            warmup: 1,
+            paths: vec!["/api/v1/namespaces/default/configmaps/kcp-load-get".into()],
+            load: load_args(20, 0.0),
+        },
+    )
+    .await?;
+    failures.extend(check_compared(&g));
+    for c in &g {
+        let reads = c.target.reads.clone().unwrap_or_default();
+        let passed = reads
+            .get(
+                ["configmaps", "GET", "upstream", "consistent_get"]
+                    .map(String::from)
+                    .as_slice(),
+            )
+            .copied()
+            .unwrap_or(0.0);
+        let probes: f64 = c.target.probes.iter().flatten().map(|(_, v)| v).sum();
+        if passed != c.target.requests as f64 || probes > 0.0 {
+            failures.push(format!(
+                "consistent get: {passed} of {} passed through early, {probes} probes: {reads:?}",
+                c.target.requests
+            ));
+        }
+    }
+
+    println!("=== list: 20 clients, consistent and RV=0 lists, a writer at 20/s");
+    let l = list_on(
+        &target,
+        Some(&env),
+        &ListArgs {
+            target: target_args.clone(),
+            requests: 5,
+            warmup: 1,
+            paths: vec!["/api/v1/namespaces/default/configmaps".into()],
+            load: load_args(20, 20.0),
+        },
+    )
+    .await?;
+    failures.extend(check_compared(&l));
+    let l0 = list_on(
+        &target,
+        Some(&env),
+        &ListArgs {
+            target: target_args.clone(),
+            requests: 5,
+            warmup: 1,
+            paths: vec!["/api/v1/namespaces/default/configmaps?resourceVersion=0".into()],
+            load: load_args(20, 0.0),
+        },
+    )
+    .await?;
+    failures.extend(check_compared(&l0));
+    for c in l.iter().chain(&l0) {
+        let resource = path_resource(&c.path);
+        let counted: f64 = c
+            .target
+            .reads
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k[0] == "configmaps" && k[1] == "LIST")
+            .map(|(_, v)| v)
+            .sum();
+        if counted != c.target.requests as f64 {
+            failures.push(format!(
+                "list {}: the proxy counted {counted} reads of {}",
+                c.path, c.target.requests
+            ));
+        }
+        if c.path.ends_with("resourceVersion=0")
+            && resource.and_then(|r| c.target.cache_share(&r)) != Some(1.0)
+        {
+            failures.push(format!("list {}: not all from the cache", c.path));
+        }
+    }
 
     println!("=== idle: 200 watches");
     let idle = idle_on(
@@ -1692,8 +2629,11 @@ async fn self_test() -> Result<()> {
     }
 
     println!("=== authz: 20 identities");
+    let Env::Sim(sim_env) = &env else {
+        bail!("the self-test runs against --sim");
+    };
     let z = authz_on(
-        &env,
+        sim_env,
         &AuthzArgs {
             target: target_args.clone(),
             identities: 20,
@@ -1732,9 +2672,58 @@ async fn self_test() -> Result<()> {
     }
 }
 
+/// Errors of compared runs, as self-test failures.
+fn check_compared(runs: &[Compared]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for c in runs {
+        for (side, o) in [("proxy", Some(&c.target)), ("direct", c.direct.as_ref())] {
+            match o {
+                Some(o) if o.errors > 0 || o.requests == 0 => failures.push(format!(
+                    "{} via {side}: {} errors of {} requests: {:?}",
+                    c.path, o.errors, o.requests, o.last_error
+                )),
+                None => failures.push(format!("{}: no direct run to compare with", c.path)),
+                Some(_) => {}
+            }
+        }
+    }
+    failures
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_the_resource_of_a_path() {
+        let r = |p: &str| path_resource(p).map(|(g, r, v)| format!("{g}/{r}/{v}"));
+        assert_eq!(
+            r("/api/v1/pods?resourceVersion=0").as_deref(),
+            Some("/pods/LIST")
+        );
+        assert_eq!(
+            r("/api/v1/namespaces/default/configmaps/x").as_deref(),
+            Some("/configmaps/GET")
+        );
+        assert_eq!(
+            r("/apis/coordination.k8s.io/v1/namespaces/d/leases").as_deref(),
+            Some("coordination.k8s.io/leases/LIST")
+        );
+        assert_eq!(
+            r("/api/v1/namespaces/default").as_deref(),
+            Some("/namespaces/GET")
+        );
+        assert_eq!(r("/healthz"), None);
+        assert_eq!(
+            parse_collection("/api/v1/namespaces/default/configmaps/x?a=b"),
+            Some(("v1".into(), "default".into(), "configmaps".into()))
+        );
+        assert_eq!(
+            parse_collection("/apis/coordination.k8s.io/v1/namespaces/n/leases"),
+            Some(("coordination.k8s.io/v1".into(), "n".into(), "leases".into()))
+        );
+        assert_eq!(parse_collection("/api/v1/pods"), None);
+    }
 
     #[test]
     fn finds_the_write_time() {
@@ -1745,5 +2734,16 @@ mod tests {
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["data"]["payload"], "AAAA");
         assert!(sent_at(&body).is_some());
+    }
+
+    #[test]
+    fn updates_carry_the_last_resource_version() {
+        let body = object_body("Lease", "coordination.k8s.io/v1", "default", "l", "");
+        assert_eq!(resource_version_of(&body), None);
+        let updated = with_resource_version(&body, "42");
+        assert_eq!(resource_version_of(&updated).as_deref(), Some("42"));
+        let v: Value = serde_json::from_slice(&updated).unwrap();
+        assert_eq!(v["spec"]["holderIdentity"], "l");
+        assert!(sent_at(&updated).is_some());
     }
 }
