@@ -14,6 +14,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use http_body_util::BodyExt;
 use kube_cache_proxy::cache::filter::Filter;
 use kube_cache_proxy::cache::list;
+use kube_cache_proxy::cache::negotiate::Representation;
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::resource::ResourceInfo;
 use kube_cache_proxy::cache::store::Objects;
@@ -57,6 +58,7 @@ fn info() -> ResourceInfo {
         strip_item_type_meta: true,
         reads_as: None,
         scope: FieldSelector::default(),
+        codec: None,
     }
 }
 
@@ -67,7 +69,9 @@ fn body_len(
     info: &ResourceInfo,
 ) -> usize {
     let page = list::select(objects, filter, "", None, 0, RV);
-    rt.block_on(drain(list::response(page, info, RV)))
+    rt.block_on(drain(
+        list::response(page, info, RV, Representation::JSON).expect("JSON always encodes"),
+    ))
 }
 
 /// Reads the body frame by frame, dropping each as a server does once it
@@ -128,7 +132,10 @@ fn bench(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("select_and_encode", name), |b| {
             b.iter(|| {
                 let page = list::select(black_box(&objects), filter, "", None, 0, RV);
-                rt.block_on(drain(list::response(page, &info, RV)))
+                rt.block_on(drain(
+                    list::response(page, &info, RV, Representation::JSON)
+                        .expect("JSON always encodes"),
+                ))
             })
         });
     }

@@ -260,7 +260,7 @@ impl Handler {
         let read = Read {
             info,
             query: req.uri().query(),
-            accept: req.headers().get(header::ACCEPT),
+            headers: req.headers(),
             arrived: Instant::now(),
         };
         match serve(cache, &self.upstream, read, &self.shutdown).await {

@@ -6,7 +6,7 @@
 use bytes::BytesMut;
 use http::{HeaderMap, HeaderValue, Method};
 use kube_cache_proxy::auth::{bearer_token, impersonation};
-use kube_cache_proxy::cache::negotiate::negotiate;
+use kube_cache_proxy::cache::negotiate::{Verb, negotiate};
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::{continue_token, query};
 use kube_cache_proxy::config::Config;
@@ -213,7 +213,11 @@ proptest! {
     #[test]
     fn headers_never_panic(v in "[ -~]{0,60}", key in "[a-z0-9%.-]{0,12}") {
         let value = HeaderValue::from_str(&v).unwrap();
-        let _ = negotiate(Some(&value));
+        let mut accept = HeaderMap::new();
+        accept.insert(http::header::ACCEPT, value.clone());
+        for verb in [Verb::Get, Verb::List, Verb::Watch] {
+            let _ = negotiate(&accept, None, verb, true);
+        }
         let mut h = HeaderMap::new();
         h.insert(http::header::AUTHORIZATION, value.clone());
         if let Ok(n) = http::HeaderName::from_bytes(format!("impersonate-extra-{key}").as_bytes()) {

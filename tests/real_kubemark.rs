@@ -4,7 +4,8 @@
 //! - the kubelet registers its Node, becomes Ready and runs its pods; its
 //!   lists and watches of pods, its Node, Services, RuntimeClasses and
 //!   CSIDrivers were all answered from the cache, none upstream (the
-//!   proxy's `kube_cache_proxy_requests_total` by source);
+//!   proxy's `kube_cache_proxy_requests_total` by source), in protobuf as
+//!   they asked (`kube_cache_proxy_cache_served_total`);
 //! - kube-proxy's informers sync Services, EndpointSlices and ServiceCIDRs
 //!   (its log says "Caches are synced" for each) from watches the cache
 //!   served;
@@ -278,6 +279,13 @@ async fn hollow_node_runs_through_the_proxy() {
             &[("resource", resource)],
         )
     };
+    let served = |resource: &str, representation: &str| {
+        metric_sum(
+            &metrics,
+            "kube_cache_proxy_cache_served_total",
+            &[("resource", resource), ("representation", representation)],
+        )
+    };
     for resource in KUBELET_RESOURCES
         .iter()
         .chain(&["endpointslices", "servicecidrs"])
@@ -286,7 +294,25 @@ async fn hollow_node_runs_through_the_proxy() {
             open(resource) >= 1.0,
             "{resource}: no watcher served from the cache\n{metrics}"
         );
+        // kubelet and kube-proxy ask for protobuf (client-go's
+        // `application/vnd.kubernetes.protobuf,application/json`) and get
+        // it from the cache, as from the apiserver.
+        assert!(
+            served(resource, "protobuf") >= 1.0 && served(resource, "json") == 0.0,
+            "{resource}: not served in protobuf\n{metrics}"
+        );
     }
+    // Neither asks for a Table (`kubectl get` does): the measurement
+    // behind Tables passing through (docs/design.md, "Representations").
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "kube_cache_proxy_cache_reads_total",
+            &[("reason", "table")]
+        ),
+        0.0,
+        "a node agent asked for a Table\n{metrics}"
+    );
 
     // The apiserver serves, beyond what it served before the proxy
     // started, exactly the proxy's own upstream watches (its reflectors,

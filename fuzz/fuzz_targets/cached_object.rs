@@ -19,6 +19,18 @@ fuzz_target!(|data: &[u8]| {
                 CachedObject::from_json(&restamped, fs, true).expect("a restamped object parses");
             assert_eq!(again.rv, o.rv + 1);
             assert_eq!(again.key(), o.key());
+            // The metadata-only view is the `metadata` value.
+            let meta = o.metadata_json();
+            assert!(serde_json::from_slice::<serde_json::Value>(&meta).is_ok());
+            // Any object transcodes to protobuf or is refused, never
+            // panics; what is produced parses as a message.
+            for kind in ["Pod", "Node", "ConfigMap"] {
+                let message = apimachinery::protobuf::message_for("", "v1", kind).expect("known");
+                let mut out = Vec::new();
+                if apimachinery::protobuf::transcode(data, message, &mut out).is_ok() {
+                    assert!(apimachinery::protobuf::fields(&out).is_some());
+                }
+            }
             // The labels read from the bytes are the labels a JSON decoder
             // sees (the last of duplicate keys).
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {

@@ -1,10 +1,10 @@
-//! Header values clients control (Accept, Authorization, Impersonate-*):
-//! never panic.
+//! Header values clients control (Accept, User-Agent, Authorization,
+//! Impersonate-*): never panic.
 #![no_main]
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use kube_cache_proxy::auth::{bearer_token, impersonation};
-use kube_cache_proxy::cache::negotiate::negotiate;
+use kube_cache_proxy::cache::negotiate::{Verb, negotiate, parse_accept};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -15,7 +15,17 @@ fuzz_target!(|data: &[u8]| {
     let Ok(value) = HeaderValue::from_bytes(value) else {
         return;
     };
-    let _ = negotiate(Some(&value));
+    if let Ok(text) = value.to_str() {
+        let _ = parse_accept(text);
+    }
+    let mut accept = HeaderMap::new();
+    accept.insert(http::header::ACCEPT, value.clone());
+    accept.insert(http::header::USER_AGENT, value.clone());
+    for verb in [Verb::Get, Verb::List, Verb::Watch] {
+        for built_in in [true, false] {
+            let _ = negotiate(&accept, None, verb, built_in);
+        }
+    }
     let mut headers = HeaderMap::new();
     headers.insert(http::header::AUTHORIZATION, value.clone());
     headers.append("impersonate-group", value.clone());

@@ -1,17 +1,22 @@
 //! A change to the cache, and its watch-event frames.
 //!
-//! Frames are encoded at most once per event and type, when the first
-//! watcher needs them, and then shared by every watcher (a `Bytes` clone is
-//! a reference count).
+//! Frames are encoded at most once per event, kind of frame and
+//! representation, by the first watcher that needs them (outside the store
+//! lock), and then shared by every watcher (a `Bytes` clone is a reference
+//! count).
 
 use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
 
 pub use apimachinery::watch::EventType;
 
+use super::encode::{self, ProtoCodec};
 use super::filter::Filter;
+use super::negotiate::Representation;
 use super::object::CachedObject;
+use crate::resource::FieldSet;
 
 /// One change, as held in the history.
 #[derive(Debug)]
@@ -24,10 +29,35 @@ pub struct Event {
     pub object: Arc<CachedObject>,
     /// The object before the change (`Modified`, `Deleted`).
     pub prev: Option<Arc<CachedObject>>,
-    added: OnceLock<Bytes>,
-    modified: OnceLock<Bytes>,
-    deleted: OnceLock<Bytes>,
-    left: OnceLock<Bytes>,
+    /// The previous object stamped with the event's RV, for watchers it
+    /// leaves (built once, when first needed).
+    left: OnceLock<Option<Arc<CachedObject>>>,
+    /// Frames built so far, by [`Which`] and representation.
+    frames: Mutex<Vec<(u8, Bytes)>>,
+}
+
+/// Which frame of an event a watcher receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// `ADDED` with the object (it entered the watcher's selection).
+    Added,
+    /// `MODIFIED` with the object.
+    Modified,
+    /// `DELETED` with the object (deleted).
+    Deleted,
+    /// `DELETED` with the previous object at the event's RV (it left the
+    /// selection).
+    Left,
+}
+
+impl Which {
+    fn event_type(self) -> &'static str {
+        match self {
+            Which::Added => "ADDED",
+            Which::Modified => "MODIFIED",
+            Which::Deleted | Which::Left => "DELETED",
+        }
+    }
 }
 
 /// Writes `{"type":"T","object":OBJ}\n`, the apiserver's JSON watch framing.
@@ -56,10 +86,8 @@ impl Event {
             kind,
             object,
             prev,
-            added: OnceLock::new(),
-            modified: OnceLock::new(),
-            deleted: OnceLock::new(),
             left: OnceLock::new(),
+            frames: Mutex::new(Vec::new()),
         }
     }
 
@@ -68,54 +96,61 @@ impl Event {
     /// selection is `ADDED`, staying is `MODIFIED`, leaving is `DELETED`
     /// carrying the previous object stamped with the event's
     /// resourceVersion, and a delete of a selected object is `DELETED`.
-    pub fn frame_for(&self, filter: &Filter) -> Option<Bytes> {
+    pub fn which_for(&self, filter: &Filter) -> Option<Which> {
         match self.kind {
-            EventType::Deleted => filter.matches(&self.object).then(|| self.deleted_frame()),
+            EventType::Deleted => filter.matches(&self.object).then_some(Which::Deleted),
             EventType::Added | EventType::Modified => {
                 let cur = filter.matches(&self.object);
                 let old = self.prev.as_ref().is_some_and(|p| filter.matches(p));
                 match (cur, old) {
-                    (true, false) => Some(self.added_frame()),
-                    (true, true) => Some(self.modified_frame()),
-                    (false, true) => self.prev.as_ref().map(|p| self.left_frame(p)),
-                    (false, false) => None,
+                    (true, false) => Some(Which::Added),
+                    (true, true) => Some(Which::Modified),
+                    (false, true) if self.prev.is_some() => Some(Which::Left),
+                    _ => None,
                 }
             }
         }
     }
 
-    fn added_frame(&self) -> Bytes {
-        self.added
-            .get_or_init(|| frame("ADDED", self.object.json()))
-            .clone()
+    /// The frame `which` in `repr`, built by the first caller; `None` when
+    /// the object cannot be encoded so.
+    pub fn frame(
+        &self,
+        which: Which,
+        repr: Representation,
+        codec: Option<&ProtoCodec>,
+    ) -> Option<Bytes> {
+        let key = (repr.index() * 4 + which as usize) as u8;
+        let mut frames = self.frames.lock();
+        if let Some((_, f)) = frames.iter().find(|(k, _)| *k == key) {
+            return Some(f.clone());
+        }
+        let object = match which {
+            Which::Left => self.left_object()?,
+            _ => self.object.clone(),
+        };
+        let body = encode::object_bytes(&object, codec, repr)?;
+        let f = encode::frame(repr.encoding, which.event_type(), &body);
+        frames.push((key, f.clone()));
+        Some(f)
     }
 
-    fn modified_frame(&self) -> Bytes {
-        self.modified
-            .get_or_init(|| frame("MODIFIED", self.object.json()))
-            .clone()
-    }
-
-    fn deleted_frame(&self) -> Bytes {
-        self.deleted
-            .get_or_init(|| frame("DELETED", self.object.json()))
-            .clone()
-    }
-
-    fn left_frame(&self, prev: &CachedObject) -> Bytes {
+    fn left_object(&self) -> Option<Arc<CachedObject>> {
         self.left
-            .get_or_init(|| frame("DELETED", &prev.with_resource_version(self.rv)))
+            .get_or_init(|| {
+                let prev = self.prev.as_ref()?;
+                let json = prev.with_resource_version(self.rv);
+                CachedObject::from_json(&json, FieldSet::Default, prev.is_namespaced())
+                    .ok()
+                    .map(Arc::new)
+            })
             .clone()
     }
 
     /// Bytes held by the event beyond the objects (which may be shared with
     /// the store).
     pub fn encoded_size(&self) -> usize {
-        [&self.added, &self.modified, &self.deleted, &self.left]
-            .iter()
-            .filter_map(|c| c.get())
-            .map(Bytes::len)
-            .sum()
+        self.frames.lock().iter().map(|(_, f)| f.len()).sum()
     }
 }
 
@@ -139,7 +174,13 @@ mod tests {
         }
     }
 
+    fn frame_for(e: &Event, f: &Filter) -> Option<Bytes> {
+        e.which_for(f)
+            .and_then(|w| e.frame(w, Representation::JSON, None))
+    }
+
     fn kind_of(frame: &Bytes) -> String {
+        let frame = &frame[..];
         let v: serde_json::Value = serde_json::from_slice(frame).unwrap();
         format!(
             "{} {}",
@@ -157,21 +198,21 @@ mod tests {
             cm("x", 11, "a"),
             Some(cm("x", 10, "b")),
         );
-        assert_eq!(kind_of(&enter.frame_for(&f).unwrap()), "ADDED 11");
+        assert_eq!(kind_of(&frame_for(&enter, &f).unwrap()), "ADDED 11");
         let stay = Event::new(
             12,
             EventType::Modified,
             cm("x", 12, "a"),
             Some(cm("x", 11, "a")),
         );
-        assert_eq!(kind_of(&stay.frame_for(&f).unwrap()), "MODIFIED 12");
+        assert_eq!(kind_of(&frame_for(&stay, &f).unwrap()), "MODIFIED 12");
         let leave = Event::new(
             13,
             EventType::Modified,
             cm("x", 13, "b"),
             Some(cm("x", 12, "a")),
         );
-        let frame = leave.frame_for(&f).unwrap();
+        let frame = frame_for(&leave, &f).unwrap();
         assert_eq!(kind_of(&frame), "DELETED 13");
         let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
         assert_eq!(
@@ -184,14 +225,14 @@ mod tests {
             cm("x", 14, "c"),
             Some(cm("x", 13, "b")),
         );
-        assert!(outside.frame_for(&f).is_none());
+        assert!(frame_for(&outside, &f).is_none());
         let delete = Event::new(
             15,
             EventType::Deleted,
             cm("y", 15, "a"),
             Some(cm("y", 9, "a")),
         );
-        assert_eq!(kind_of(&delete.frame_for(&f).unwrap()), "DELETED 15");
+        assert_eq!(kind_of(&frame_for(&delete, &f).unwrap()), "DELETED 15");
         assert!(frame.ends_with(b"}\n"));
     }
 }

@@ -19,8 +19,12 @@ use http_body_util::StreamBody;
 
 use crate::body::{Body, BoxError};
 
+use apimachinery::protobuf;
+
 use super::continue_token;
+use super::encode;
 use super::filter::Filter;
+use super::negotiate::{Encoding, MetaVersion, Representation};
 use super::object::CachedObject;
 use super::resource::ResourceInfo;
 use super::store::Objects;
@@ -109,26 +113,60 @@ pub(crate) fn upper_bound(prefix: &str) -> Option<String> {
     None
 }
 
-/// The list response, streamed in chunks.
-pub fn response(page: Page, info: &ResourceInfo, rv: u64) -> Response<Body> {
-    let mut head = BytesMut::with_capacity(256);
-    head.extend_from_slice(b"{\"kind\":\"");
-    head.extend_from_slice(info.list_kind().as_bytes());
-    head.extend_from_slice(b"\",\"apiVersion\":\"");
-    head.extend_from_slice(info.api_version.as_bytes());
-    head.extend_from_slice(b"\",\"metadata\":{\"resourceVersion\":\"");
-    head.extend_from_slice(rv.to_string().as_bytes());
-    head.extend_from_slice(b"\"");
+/// The JSON list's `metadata`: `{"resourceVersion":...,"continue":...,
+/// "remainingItemCount":...}`.
+fn json_list_meta(out: &mut BytesMut, page: &Page, rv: u64) {
+    out.extend_from_slice(b"{\"resourceVersion\":\"");
+    out.extend_from_slice(rv.to_string().as_bytes());
+    out.extend_from_slice(b"\"");
     if let Some(token) = &page.continue_token {
-        head.extend_from_slice(b",\"continue\":\"");
-        head.extend_from_slice(token.as_bytes());
-        head.extend_from_slice(b"\"");
+        out.extend_from_slice(b",\"continue\":\"");
+        out.extend_from_slice(token.as_bytes());
+        out.extend_from_slice(b"\"");
     }
     if let Some(n) = page.remaining {
-        head.extend_from_slice(b",\"remainingItemCount\":");
-        head.extend_from_slice(n.to_string().as_bytes());
+        out.extend_from_slice(b",\"remainingItemCount\":");
+        out.extend_from_slice(n.to_string().as_bytes());
     }
-    head.extend_from_slice(b"},\"items\":[");
+    out.extend_from_slice(b"}");
+}
+
+/// The list response in `repr`, streamed in chunks; `None` when an item
+/// cannot be encoded so (the read passes through).
+pub fn response(
+    page: Page,
+    info: &ResourceInfo,
+    rv: u64,
+    repr: Representation,
+) -> Option<Response<Body>> {
+    match repr.encoding {
+        Encoding::Json => Some(json_list(page, info, rv, repr.metadata)),
+        Encoding::Protobuf => protobuf_list(page, info, rv, repr.metadata),
+    }
+}
+
+fn json_list(
+    page: Page,
+    info: &ResourceInfo,
+    rv: u64,
+    metadata: Option<MetaVersion>,
+) -> Response<Body> {
+    let mut head = BytesMut::with_capacity(256);
+    match metadata {
+        None => {
+            head.extend_from_slice(b"{\"kind\":\"");
+            head.extend_from_slice(info.list_kind().as_bytes());
+            head.extend_from_slice(b"\",\"apiVersion\":\"");
+            head.extend_from_slice(info.api_version.as_bytes());
+        }
+        Some(v) => {
+            head.extend_from_slice(b"{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"");
+            head.extend_from_slice(v.api_version().as_bytes());
+        }
+    }
+    head.extend_from_slice(b"\",\"metadata\":");
+    json_list_meta(&mut head, &page, rv);
+    head.extend_from_slice(b",\"items\":[");
     let strip = info.strip_item_type_meta;
     let items = page.items;
     let mut next = 0usize;
@@ -142,7 +180,14 @@ pub fn response(page: Page, info: &ResourceInfo, rv: u64) -> Response<Body> {
             if next > 0 {
                 buf.extend_from_slice(b",");
             }
-            items[next].write_item(&mut buf, strip);
+            match metadata {
+                None => items[next].write_item(&mut buf, strip),
+                Some(v) => {
+                    buf.extend_from_slice(encode::metadata_json_head(v));
+                    buf.extend_from_slice(&items[next].metadata_json());
+                    buf.extend_from_slice(b"}");
+                }
+            }
             next += 1;
         }
         if next == items.len() {
@@ -155,14 +200,116 @@ pub fn response(page: Page, info: &ResourceInfo, rv: u64) -> Response<Body> {
     json_response(Body::new(StreamBody::new(stream::iter(chunks))))
 }
 
+/// `metav1.ListMeta`: `selfLink` (always written, empty),
+/// `resourceVersion`, `continue`, and `remainingItemCount` when set.
+fn proto_list_meta(page: &Page, rv: u64) -> Vec<u8> {
+    let mut m = Vec::with_capacity(64);
+    protobuf::put_bytes(&mut m, 1, b"");
+    protobuf::put_bytes(&mut m, 2, rv.to_string().as_bytes());
+    protobuf::put_bytes(
+        &mut m,
+        3,
+        page.continue_token.as_deref().unwrap_or("").as_bytes(),
+    );
+    if let Some(n) = page.remaining {
+        protobuf::put_varint(&mut m, 4, n as u64);
+    }
+    m
+}
+
+/// A protobuf list: the envelope around the typed list message, `metadata`
+/// (field 1) and `items` (field 2) — for `meta.k8s.io/v1beta1`'s
+/// `PartialObjectMetadataList`, `items` is field 1 and `metadata` 2, and
+/// the Go marshaller writes them in field order.
+fn protobuf_list(
+    page: Page,
+    info: &ResourceInfo,
+    rv: u64,
+    metadata: Option<MetaVersion>,
+) -> Option<Response<Body>> {
+    let codec = info.codec.as_deref()?;
+    let mut items: Vec<Bytes> = Vec::with_capacity(page.items.len());
+    for o in &page.items {
+        let form = o.proto(codec)?;
+        items.push(match metadata {
+            None => form.raw(),
+            Some(_) => form.metadata(),
+        });
+    }
+    let meta = proto_list_meta(&page, rv);
+    // A metadata item is `PartialObjectMetadata{metadata: 1}` around the
+    // ObjectMeta bytes.
+    let item_len = move |b: &Bytes| match metadata {
+        None => b.len(),
+        Some(_) => protobuf::field_len(1, b.len()),
+    };
+    let (items_field, meta_field) = match metadata {
+        Some(MetaVersion::V1beta1) => (1, 2),
+        _ => (2, 1),
+    };
+    let list_len = protobuf::field_len(meta_field, meta.len())
+        + items
+            .iter()
+            .map(|b| protobuf::field_len(items_field, item_len(b)))
+            .sum::<usize>();
+    let (api_version, kind) = match metadata {
+        None => (info.api_version.clone(), info.list_kind()),
+        Some(v) => (
+            v.api_version().to_string(),
+            "PartialObjectMetadataList".to_string(),
+        ),
+    };
+    let head = protobuf::envelope_head(&api_version, &kind, list_len);
+    let mut meta_field_bytes = Vec::with_capacity(meta.len() + 4);
+    protobuf::put_bytes(&mut meta_field_bytes, meta_field, &meta);
+    let mut buf = BytesMut::with_capacity(CHUNK + 1024);
+    buf.extend_from_slice(&head);
+    if meta_field == 1 {
+        buf.extend_from_slice(&meta_field_bytes);
+    }
+    let mut next = 0usize;
+    let mut done = false;
+    let chunks = std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        while next < items.len() && buf.len() < CHUNK {
+            let item = &items[next];
+            let mut h = Vec::with_capacity(12);
+            protobuf::put_header(&mut h, items_field, item_len(item));
+            if metadata.is_some() {
+                protobuf::put_header(&mut h, 1, item.len());
+            }
+            buf.extend_from_slice(&h);
+            buf.extend_from_slice(item);
+            next += 1;
+        }
+        if next == items.len() {
+            if meta_field == 2 {
+                buf.extend_from_slice(&meta_field_bytes);
+            }
+            buf.extend_from_slice(protobuf::ENVELOPE_TAIL);
+            done = true;
+        }
+        let out: Bytes = buf.split().freeze();
+        Some(Ok::<_, BoxError>(Frame::data(out)))
+    });
+    Some(response_with(
+        Body::new(StreamBody::new(stream::iter(chunks))),
+        protobuf::CONTENT_TYPE,
+    ))
+}
+
 /// A `200` with the apiserver's JSON headers.
 pub fn json_response(body: Body) -> Response<Body> {
+    response_with(body, "application/json")
+}
+
+/// A `200` with the apiserver's headers and `content_type`.
+pub fn response_with(body: Body, content_type: &'static str) -> Response<Body> {
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(
         header::CACHE_CONTROL,
         HeaderValue::from_static("no-cache, private"),
@@ -254,14 +401,14 @@ mod tests {
     async fn response_bytes() {
         let p = select(&objects(), &Filter::default(), "a/", None, 1, 7);
         let info = crate::cache::resource::tests::test_cache().info().clone();
-        let resp = response(p, &info, 7);
+        let resp = response(p, &info, 7, Representation::JSON).unwrap();
         assert_eq!(resp.headers()["content-type"], "application/json");
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         let text = std::str::from_utf8(&body).unwrap();
         assert!(text.starts_with(r#"{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"7","continue":""#), "{text}");
         assert!(text.ends_with(r#""remainingItemCount":1},"items":[{"metadata":{"name":"x","namespace":"a","resourceVersion":"1","labels":{"app":"1"}}}]}
 "#), "{text}");
-        let empty = response(Page::default(), &info, 7);
+        let empty = response(Page::default(), &info, 7, Representation::JSON).unwrap();
         let body = empty.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"{\"kind\":\"ConfigMapList\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"7\"},\"items\":[]}\n");
     }

@@ -22,6 +22,8 @@ pub const READ_WAIT_KINDS: &[&str] = &["consistent", "not_older_than", "ready"];
 pub const PROBE_RESULTS: &[&str] = &["ok", "error"];
 /// `verb` values of `cache_reads_total`, as kube-apiserver names them.
 pub const READ_VERBS: &[&str] = &["GET", "LIST", "WATCH"];
+/// `representation` values of `cache_served_total`.
+pub const REPRESENTATIONS: &[&str] = &["json", "protobuf", "metadata_json", "metadata_protobuf"];
 
 /// A cache read's verb as kube-apiserver's metrics name it (`GET`, `LIST`,
 /// `WATCH`).
@@ -82,6 +84,9 @@ pub struct CacheMetrics {
     snapshots: IntCounterVec,
     snapshot_bytes: IntGaugeVec,
     upstream_watches: IntGaugeVec,
+    served: IntCounterVec,
+    encoded_bytes: IntGaugeVec,
+    encode_failures: IntCounterVec,
 }
 
 impl std::fmt::Debug for CacheMetrics {
@@ -105,6 +110,9 @@ pub struct ResourceMetrics {
     pub events_dispatched: IntCounter,
     pub progress_watches: IntCounter,
     pub snapshot_bytes: IntGauge,
+    /// Bytes of the protobuf encodings held for cached objects.
+    pub protobuf_bytes: IntGauge,
+    pub encode_failures: IntCounter,
 }
 
 impl std::fmt::Debug for ResourceMetrics {
@@ -159,6 +167,12 @@ impl CacheMetrics {
                 Opts::new("upstream_watches", "Upstream watches the cache holds open, by kind (reflector|progress).").namespace(NS),
                 &["group", "resource", "kind"],
             )?,
+            served: counter("cache_served_total", "Reads answered from the cache, by verb (GET|LIST|WATCH) and representation (json|protobuf|metadata_json|metadata_protobuf).", &["verb", "representation"])?,
+            encoded_bytes: IntGaugeVec::new(
+                Opts::new("cache_encoded_bytes", "Bytes of the encodings the cache holds beyond the objects' JSON, by encoding (protobuf): each object version is encoded once, when the first reader asks for it.").namespace(NS),
+                &["group", "resource", "encoding"],
+            )?,
+            encode_failures: counter("cache_encode_failures_total", "Objects the cache could not encode in protobuf (a field the proxy's schema lacks); protobuf reads of the resource pass through from then on.", &[])?,
         };
         registry.register(Box::new(m.objects.clone()))?;
         registry.register(Box::new(m.bytes.clone()))?;
@@ -177,6 +191,9 @@ impl CacheMetrics {
         registry.register(Box::new(m.snapshots.clone()))?;
         registry.register(Box::new(m.snapshot_bytes.clone()))?;
         registry.register(Box::new(m.upstream_watches.clone()))?;
+        registry.register(Box::new(m.served.clone()))?;
+        registry.register(Box::new(m.encoded_bytes.clone()))?;
+        registry.register(Box::new(m.encode_failures.clone()))?;
         Ok(m)
     }
 
@@ -213,6 +230,12 @@ impl CacheMetrics {
         for kind in UPSTREAM_WATCH_KINDS {
             self.upstream_watches.with_label_values(&l3(kind));
         }
+        for verb in READ_VERBS {
+            for representation in REPRESENTATIONS {
+                self.served
+                    .with_label_values(&[group, resource, verb, representation]);
+            }
+        }
         ResourceMetrics {
             group: group.to_string(),
             resource: resource.to_string(),
@@ -226,6 +249,10 @@ impl CacheMetrics {
             events_dispatched: self.events_dispatched.with_label_values(&l),
             progress_watches: self.progress_watches.with_label_values(&l),
             snapshot_bytes: self.snapshot_bytes.with_label_values(&l),
+            protobuf_bytes: self
+                .encoded_bytes
+                .with_label_values(&[group, resource, "protobuf"]),
+            encode_failures: self.encode_failures.with_label_values(&l),
         }
     }
 }
@@ -235,6 +262,14 @@ impl CacheMetrics {
 impl ResourceMetrics {
     fn l3<'a>(&'a self, third: &'a str) -> [&'a str; 3] {
         [&self.group, &self.resource, third]
+    }
+
+    /// Counts a read answered from the cache in `representation`.
+    pub fn served(&self, verb: &str, representation: &str) {
+        self.families
+            .served
+            .with_label_values(&[&self.group, &self.resource, read_verb(verb), representation])
+            .inc();
     }
 
     /// Counts a snapshot load or save.

@@ -3,6 +3,7 @@
 //! and watch exactly as kube-apiserver would (see [`serve`]).
 
 pub mod continue_token;
+pub mod encode;
 pub mod event;
 pub mod filter;
 pub mod list;
@@ -84,6 +85,20 @@ impl Caches {
             } else {
                 format!("{}/{}", r.group, r.version)
             };
+            let resource_metrics = metrics.resource(&r.group, &r.resource);
+            let codec = is_built_in_group(&r.group)
+                .then(|| {
+                    encode::ProtoCodec::new(
+                        &r.group,
+                        &r.version,
+                        &kind,
+                        &api_version,
+                        resource_metrics.protobuf_bytes.clone(),
+                        resource_metrics.encode_failures.clone(),
+                    )
+                })
+                .flatten()
+                .map(Arc::new);
             let info = ResourceInfo {
                 gvr: Gvr {
                     group: r.group.clone(),
@@ -97,6 +112,7 @@ impl Caches {
                 strip_item_type_meta: is_built_in_group(&r.group),
                 scope,
                 reads_as: identity.reads_as(&r.group, &r.resource),
+                codec,
             };
             let store = Settings {
                 history_capacity: r.history_capacity.unwrap_or(config.history_capacity),
@@ -107,12 +123,7 @@ impl Caches {
                 namespaced,
                 field_set,
             };
-            let cache = ResourceCache::new(
-                info,
-                store,
-                read.clone(),
-                metrics.resource(&r.group, &r.resource),
-            );
+            let cache = ResourceCache::new(info, store, read.clone(), resource_metrics);
             by_gvr.insert(
                 (r.group.clone(), r.version.clone(), r.resource.clone()),
                 Arc::new(cache),

@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
@@ -21,6 +21,8 @@ use serde_json::value::RawValue;
 
 use crate::resource::FieldSet;
 use crate::selector::Pairs;
+
+use super::encode::{ProtoCodec, ProtoForm};
 
 /// Why an object from upstream could not be cached.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +109,11 @@ pub struct CachedObject {
     item_offset: u32,
     /// Byte range of the `metadata.resourceVersion` string's contents.
     rv_span: (u32, u32),
+    /// Byte range of the `metadata` value (a `PartialObjectMetadata`'s).
+    meta_span: (u32, u32),
+    /// The protobuf form, encoded when the first reader needs it (`None`
+    /// inside when it could not be).
+    proto: OnceLock<Option<ProtoForm>>,
     /// Whether `metadata.namespace` is a selectable field.
     namespaced: bool,
     labels: LabelStore,
@@ -184,9 +191,9 @@ impl CachedObject {
         let rv_at = offset_in(&json, rv_text)
             .ok_or_else(|| IngestError::ResourceVersion(meta.name.to_string()))?;
         let rv_span = ((rv_at + 1) as u32, (rv_at + rv_text.len() - 1) as u32);
-        let item_offset = offset_in(&json, top.metadata.get())
-            .and_then(|m| item_offset(&json, m))
-            .unwrap_or(0) as u32;
+        let meta_at = offset_in(&json, top.metadata.get()).ok_or(IngestError::Name)?;
+        let meta_span = (meta_at as u32, (meta_at + top.metadata.get().len()) as u32);
+        let item_offset = item_offset(&json, meta_at).unwrap_or(0) as u32;
 
         let labels = label_store(&json, meta.labels.unwrap_or_default());
         let fields: ExtraFields = if field_set.needs_body() {
@@ -214,6 +221,8 @@ impl CachedObject {
             json,
             item_offset,
             rv_span,
+            meta_span,
+            proto: OnceLock::new(),
             namespaced,
             labels,
             fields,
@@ -287,6 +296,26 @@ impl CachedObject {
         &self.json
     }
 
+    /// The `metadata` JSON (a `PartialObjectMetadata`'s), shared.
+    pub fn metadata_json(&self) -> Bytes {
+        self.json
+            .slice(self.meta_span.0 as usize..self.meta_span.1 as usize)
+    }
+
+    /// The protobuf form, encoded with `codec` by the first caller and
+    /// shared by all; `None` when the object cannot be encoded.
+    pub fn proto(&self, codec: &ProtoCodec) -> Option<&ProtoForm> {
+        self.proto.get_or_init(|| codec.encode(&self.json)).as_ref()
+    }
+
+    /// Bytes of the protobuf form, if it was encoded.
+    pub fn proto_size(&self) -> usize {
+        self.proto
+            .get()
+            .and_then(Option::as_ref)
+            .map_or(0, |p| p.envelope().len())
+    }
+
     /// Appends the object as a list item: without `kind`/`apiVersion` when
     /// `strip_type_meta` (built-in types) and the object starts with them.
     pub fn write_item(&self, out: &mut BytesMut, strip_type_meta: bool) {
@@ -307,6 +336,11 @@ impl CachedObject {
         out.extend_from_slice(rv.as_bytes());
         out.extend_from_slice(&self.json[end..]);
         out.freeze()
+    }
+
+    /// Whether the object is namespaced.
+    pub fn is_namespaced(&self) -> bool {
+        self.namespaced
     }
 
     /// The labels.

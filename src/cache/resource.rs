@@ -3,6 +3,7 @@
 //! older versions for `Exact` and continued lists, and the coalesced
 //! upstream probe behind consistent reads.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -15,8 +16,10 @@ use tokio::sync::{Notify, watch};
 use crate::resource::{FieldSet, Gvr};
 use crate::selector::FieldSelector;
 
-use super::event::{EventType, frame};
+use super::encode::{self, ProtoCodec};
+use super::event::EventType;
 use super::metrics::ResourceMetrics;
+use super::negotiate::Representation;
 use super::object::CachedObject;
 use super::store::{Objects, Outcome, Settings, State};
 
@@ -37,6 +40,9 @@ pub struct ResourceInfo {
     /// `Impersonate-User` of the cache's own upstream reads (the node,
     /// when the proxy acts as it by impersonation; see `identity`).
     pub reads_as: Option<http::HeaderValue>,
+    /// How objects are encoded in protobuf: built-in kinds the generated
+    /// schema knows (custom resources are served in JSON only).
+    pub codec: Option<Arc<ProtoCodec>>,
 }
 
 impl ResourceInfo {
@@ -235,10 +241,24 @@ impl ResourceCache {
         }
     }
 
-    /// A `BOOKMARK` frame at `rv`; with `initial_events_end`, annotated
-    /// `k8s.io/initial-events-end: "true"` as the end of a streaming list's
-    /// initial events.
-    pub fn bookmark_frame(&self, rv: u64, initial_events_end: bool) -> Bytes {
+    /// A `BOOKMARK` frame at `rv` in `repr`; with `initial_events_end`,
+    /// annotated `k8s.io/initial-events-end: "true"` as the end of a
+    /// streaming list's initial events. A metadata-only watch gets the
+    /// bookmark object's `PartialObjectMetadata`, as the apiserver
+    /// transforms every event object.
+    pub fn bookmark_frame(
+        &self,
+        rv: u64,
+        initial_events_end: bool,
+        repr: Representation,
+    ) -> Option<Bytes> {
+        let json = self.bookmark_json(rv, initial_events_end);
+        let object = encode::built_object(&json, self.info.codec.as_deref(), repr)?;
+        Some(encode::frame(repr.encoding, "BOOKMARK", &object))
+    }
+
+    /// The JSON of a bookmark object at `rv`.
+    fn bookmark_json(&self, rv: u64, initial_events_end: bool) -> Vec<u8> {
         let mut object = self.bookmark_template.lock().clone().unwrap_or_else(|| {
             serde_json::json!({
                 "kind": self.info.kind,
@@ -256,7 +276,7 @@ impl ResourceCache {
                 );
             }
         }
-        frame("BOOKMARK", &serde_json::to_vec(&object).unwrap_or_default())
+        serde_json::to_vec(&object).unwrap_or_default()
     }
 
     /// Records that upstream could not be watched; returns since when.
@@ -472,6 +492,7 @@ pub(crate) mod tests {
                 strip_item_type_meta: true,
                 scope: FieldSelector::default(),
                 reads_as: None,
+                codec: None,
             },
             Settings {
                 history_capacity: 100,
@@ -498,12 +519,14 @@ pub(crate) mod tests {
     fn bookmark_matches_recording() {
         let c = test_cache();
         assert_eq!(
-            std::str::from_utf8(&c.bookmark_frame(339, true)).unwrap(),
+            std::str::from_utf8(&c.bookmark_frame(339, true, Representation::JSON).unwrap())
+                .unwrap(),
             "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"339\",\"annotations\":{\"k8s.io/initial-events-end\":\"true\"}}}}\n"
         );
         c.set_bookmark_template(br#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"5","creationTimestamp":null}}"#);
         assert_eq!(
-            std::str::from_utf8(&c.bookmark_frame(7, false)).unwrap(),
+            std::str::from_utf8(&c.bookmark_frame(7, false, Representation::JSON).unwrap())
+                .unwrap(),
             "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"7\",\"creationTimestamp\":null}}}\n"
         );
     }

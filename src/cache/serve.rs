@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::stream;
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::StreamBody;
 use tokio_util::sync::CancellationToken;
@@ -56,9 +56,10 @@ use crate::status::Status;
 use crate::upstream::Upstream;
 
 use super::continue_token;
+use super::encode;
 use super::filter::Filter;
 use super::list;
-use super::negotiate::{Negotiated, negotiate};
+use super::negotiate::{Encoding, ErrorEncoding, Negotiated, Verb, negotiate};
 use super::query::{self, ListOptions, Match, QueryError};
 use super::reflector::probe_rv;
 use super::resource::ResourceCache;
@@ -99,7 +100,8 @@ pub enum Answer {
 pub struct Read<'a> {
     pub info: &'a RequestInfo,
     pub query: Option<&'a str>,
-    pub accept: Option<&'a HeaderValue>,
+    /// The request's headers (`Accept`, `User-Agent`).
+    pub headers: &'a HeaderMap,
     /// When the request arrived (consistent reads need a probe started
     /// after this).
     pub arrived: Instant,
@@ -123,15 +125,14 @@ pub async fn serve(
     read: Read<'_>,
     shutdown: &CancellationToken,
 ) -> Answer {
-    let answer = if negotiate(read.accept) == Negotiated::PassThrough {
-        Answer::PassThrough("representation")
-    } else {
-        match read.info.verb.as_str() {
-            "get" => serve_get(cache, &read).await,
-            "list" => serve_list(cache, upstream, &read).await,
-            "watch" => serve_watch(cache, upstream, &read, shutdown).await,
+    let answer = match negotiated(cache, &read) {
+        Err(reason) => Answer::PassThrough(reason),
+        Ok(neg) => match read.info.verb.as_str() {
+            "get" => serve_get(cache, &read, neg).await,
+            "list" => serve_list(cache, upstream, &read, neg).await,
+            "watch" => serve_watch(cache, upstream, &read, neg, shutdown).await,
             _ => Answer::PassThrough("verb"),
-        }
+        },
     };
     let source = match &answer {
         Answer::Served(_) => ("cache", ""),
@@ -141,8 +142,35 @@ pub async fn serve(
     answer
 }
 
-fn status(s: Status) -> Answer {
-    Answer::Served(s.into_response())
+/// The representation a read is answered in, or why it passes through.
+fn negotiated(cache: &ResourceCache, read: &Read<'_>) -> Result<Negotiated, &'static str> {
+    let verb = match read.info.verb.as_str() {
+        "get" => Verb::Get,
+        "list" => Verb::List,
+        _ => Verb::Watch,
+    };
+    let info = cache.info();
+    let neg = negotiate(read.headers, read.query, verb, info.strip_item_type_meta)?;
+    if neg.body.encoding == Encoding::Protobuf || neg.errors == ErrorEncoding::Protobuf {
+        match &info.codec {
+            None => return Err("no protobuf schema"),
+            Some(c) if c.is_broken() => return Err("protobuf encoding failed"),
+            Some(_) => {}
+        }
+    }
+    Ok(neg)
+}
+
+/// Counts an answer from the cache in `neg`'s representation.
+fn served(cache: &ResourceCache, verb: &str, neg: Negotiated, resp: Response<Body>) -> Answer {
+    cache
+        .metrics
+        .served(verb, encode::representation_label(neg.body));
+    Answer::Served(resp)
+}
+
+fn status(s: Status, neg: Negotiated) -> Answer {
+    Answer::Served(encode::status_response(s, neg.errors))
 }
 
 /// Waits for the first list, or declines.
@@ -198,7 +226,7 @@ async fn not_older_than(cache: &ResourceCache, rv: u64) -> Result<(), Status> {
     }
 }
 
-async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>) -> Answer {
+async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>, neg: Negotiated) -> Answer {
     let mut rv_param: Option<String> = None;
     for (k, v) in crate::url::query_pairs(read.query.unwrap_or("")) {
         match k.as_str() {
@@ -218,11 +246,14 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>) -> Answer {
         if !name.is_ascii() {
             return Answer::PassThrough("name outside ASCII");
         }
-        return status(Status::bad_request(format!(
-            "Name parameter invalid: {}: {}",
-            crate::go::quote(name),
-            invalid.join(";")
-        )));
+        return status(
+            Status::bad_request(format!(
+                "Name parameter invalid: {}: {}",
+                crate::go::quote(name),
+                invalid.join(";")
+            )),
+            neg,
+        );
     }
     if let Err(a) = ready(cache).await {
         return a;
@@ -236,7 +267,7 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>) -> Answer {
                 return Answer::PassThrough("unparseable resourceVersion");
             };
             if let Err(s) = not_older_than(cache, rv).await {
-                return status(s);
+                return status(s, neg);
             }
         }
     }
@@ -249,12 +280,21 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>) -> Answer {
     let found = cache.lock().objects().get(key.as_str()).cloned();
     match found {
         Some(o) => {
-            let frames = [o.json().clone(), Bytes::from_static(b"\n")]
+            let Some(mut chunks) = encode::object_chunks(&o, info.codec.as_deref(), neg.body)
+            else {
+                return Answer::PassThrough("protobuf encoding failed");
+            };
+            if neg.body.encoding == Encoding::Json {
+                chunks.push(Bytes::from_static(b"\n"));
+            }
+            let frames = chunks
                 .into_iter()
                 .map(|b| Ok::<_, BoxError>(Frame::data(b)));
-            Answer::Served(list::json_response(Body::new(StreamBody::new(
-                stream::iter(frames),
-            ))))
+            let resp = list::response_with(
+                Body::new(StreamBody::new(stream::iter(frames))),
+                encode::content_type(neg.body.encoding),
+            );
+            served(cache, "get", neg, resp)
         }
         // A scoped cache holds only part of the resource: the object may
         // exist outside the scope (a pod on another node).
@@ -262,20 +302,17 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>) -> Answer {
         // The message quotes the name as Go's `%q`, exactly reproduced
         // for ASCII only (no object has another name).
         None if !read.info.name.is_ascii() => Answer::PassThrough("name outside ASCII"),
-        None => status(Status::not_found(
-            &info.gvr.group,
-            &info.gvr.resource,
-            &read.info.name,
-        )),
+        None => status(
+            Status::not_found(&info.gvr.group, &info.gvr.resource, &read.info.name),
+            neg,
+        ),
     }
 }
 
-impl From<QueryError> for Answer {
-    fn from(e: QueryError) -> Answer {
-        match e {
-            QueryError::Status(s) => status(*s),
-            QueryError::PassThrough(r) => Answer::PassThrough(r),
-        }
+fn query_error(e: QueryError, neg: Negotiated) -> Answer {
+    match e {
+        QueryError::Status(s) => status(*s, neg),
+        QueryError::PassThrough(r) => Answer::PassThrough(r),
     }
 }
 
@@ -322,15 +359,19 @@ fn prepare(
     Ok((opts, filter))
 }
 
-async fn serve_list(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read<'_>) -> Answer {
+async fn serve_list(
+    cache: &Arc<ResourceCache>,
+    upstream: &Upstream,
+    read: &Read<'_>,
+    neg: Negotiated,
+) -> Answer {
     let (opts, filter) = match prepare(cache, read, false) {
         Ok(p) => p,
-        Err(e) => return e.into(),
+        Err(e) => return query_error(e, neg),
     };
     if let Err(a) = ready(cache).await {
         return a;
     }
-    let info = cache.info();
     let prefix = list::scope_prefix(filter.namespace.as_deref());
     let rv_param = opts.resource_version.as_deref();
 
@@ -340,9 +381,12 @@ async fn serve_list(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read
             return Answer::PassThrough("continue token");
         };
         if rv_param.is_some_and(|rv| rv != "0") {
-            return status(Status::bad_request(
-                "specifying resource version is not allowed when using continue",
-            ));
+            return status(
+                Status::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ),
+                neg,
+            );
         }
         let Ok(rv) = u64::try_from(token.rv) else {
             return Answer::PassThrough("continue token at latest");
@@ -350,22 +394,23 @@ async fn serve_list(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read
         // The apiserver's cache ignores `limit` for RV "0", continued or not
         // (`computeListLimit` in staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go).
         let limit = if rv_param == Some("0") { 0 } else { opts.limit };
-        return exact_list(cache, &filter, &prefix, Some(&token.start), limit, rv).await;
+        return exact_list(cache, &filter, &prefix, Some(&token.start), limit, rv, neg).await;
     }
 
     let parsed = match rv_param.map(query::parse_resource_version).transpose() {
         Ok(rv) => rv,
         Err(message) => {
-            return status(Status::bad_request(format!(
-                "invalid resource version: {message}"
-            )));
+            return status(
+                Status::bad_request(format!("invalid resource version: {message}")),
+                neg,
+            );
         }
     };
     let legacy_exact =
         opts.resource_version_match.is_none() && opts.limit > 0 && parsed.is_some_and(|rv| rv > 0);
     match (parsed, opts.resource_version_match) {
         (Some(rv), m) if m == Some(Match::Exact) || legacy_exact => {
-            return exact_list(cache, &filter, &prefix, None, opts.limit, rv).await;
+            return exact_list(cache, &filter, &prefix, None, opts.limit, rv, neg).await;
         }
         (None, _) => {
             if let Err(a) = consistent(
@@ -382,7 +427,7 @@ async fn serve_list(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read
         (Some(0), _) => {}
         (Some(rv), _) => {
             if let Err(s) = not_older_than(cache, rv).await {
-                return status(s);
+                return status(s, neg);
             }
         }
     }
@@ -393,7 +438,14 @@ async fn serve_list(cache: &Arc<ResourceCache>, upstream: &Upstream, read: &Read
         (s.objects().clone(), s.rv())
     };
     let page = list::select(&objects, &filter, &prefix, None, limit, rv);
-    Answer::Served(list::response(page, info, rv))
+    list_answer(cache, page, rv, neg)
+}
+
+fn list_answer(cache: &ResourceCache, page: list::Page, rv: u64, neg: Negotiated) -> Answer {
+    match list::response(page, cache.info(), rv, neg.body) {
+        Some(resp) => served(cache, "list", neg, resp),
+        None => Answer::PassThrough("protobuf encoding failed"),
+    }
 }
 
 /// A list at exactly `rv` (Exact, legacy exact, or continued).
@@ -404,28 +456,30 @@ async fn exact_list(
     start: Option<&str>,
     limit: i64,
     rv: u64,
+    neg: Negotiated,
 ) -> Answer {
     if rv > cache.rv()
         && let Err(s) = not_older_than(cache, rv).await
     {
-        return status(s);
+        return status(s, neg);
     }
     let Some(objects) = cache.snapshot_at(rv) else {
         return Answer::PassThrough(OLDER_THAN_THE_CACHE);
     };
     let page = list::select(&objects, filter, prefix, start, limit, rv);
-    Answer::Served(list::response(page, cache.info(), rv))
+    list_answer(cache, page, rv, neg)
 }
 
 async fn serve_watch(
     cache: &Arc<ResourceCache>,
     upstream: &Upstream,
     read: &Read<'_>,
+    neg: Negotiated,
     shutdown: &CancellationToken,
 ) -> Answer {
     let (opts, filter) = match prepare(cache, read, true) {
         Ok(p) => p,
-        Err(e) => return e.into(),
+        Err(e) => return query_error(e, neg),
     };
     // The cacher returns a bad RV as a plain error: HTTP 500, no reason.
     let parsed = match opts
@@ -435,7 +489,12 @@ async fn serve_watch(
         .transpose()
     {
         Ok(rv) => rv,
-        Err(message) => return status(Status::new(StatusCode::INTERNAL_SERVER_ERROR, "", message)),
+        Err(message) => {
+            return status(
+                Status::new(StatusCode::INTERNAL_SERVER_ERROR, "", message),
+                neg,
+            );
+        }
     };
     if let Err(a) = ready(cache).await {
         return a;
@@ -457,7 +516,7 @@ async fn serve_watch(
         Some(0) => {}
         Some(rv) if initial => {
             if let Err(s) = not_older_than(cache, rv).await {
-                return Answer::Served(watcher::error_response(&s));
+                return Answer::Served(watcher::error_response(&s, neg.body.encoding));
             }
         }
         Some(_) => {}
@@ -483,9 +542,10 @@ async fn serve_watch(
         bookmarks: opts.allow_watch_bookmarks,
         initial_events_end: initial && opts.allow_watch_bookmarks,
         timeout,
+        repr: neg.body,
     };
     match watcher::start(cache.clone(), params, shutdown.clone()) {
-        Ok(resp) => Answer::Served(resp),
+        Ok(resp) => served(cache, "watch", neg, resp),
         // Events between N and the cache's oldest are unknown here; upstream
         // may still hold them (its watch cache often reaches further back),
         // and answers `410 Expired` itself when it does not.

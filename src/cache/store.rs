@@ -19,14 +19,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use imbl::OrdMap;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::resource::FieldSet;
 
-use super::event::{Event, EventType};
+use super::event::{Event, EventType, Which};
 use super::filter::{Filter, IndexKey};
 use super::object::CachedObject;
 
@@ -53,11 +52,13 @@ pub struct Settings {
     pub field_set: FieldSet,
 }
 
-/// One frame queued for a watcher.
+/// One event queued for a watcher, and which of its frames the watcher
+/// gets (the watcher encodes it, outside the store lock).
 #[derive(Debug, Clone)]
 pub struct Delivery {
     pub rv: u64,
-    pub frame: Bytes,
+    pub event: Arc<Event>,
+    pub which: Which,
 }
 
 /// Why a watcher was closed by the cache.
@@ -361,7 +362,7 @@ impl State {
         outcome
     }
 
-    fn dispatch(&mut self, event: &Event, now: Instant, outcome: &mut Outcome) {
+    fn dispatch(&mut self, event: &Arc<Event>, now: Instant, outcome: &mut Outcome) {
         let mut candidates: Vec<u64> = Vec::new();
         {
             let w = &self.watchers;
@@ -393,7 +394,7 @@ impl State {
             if event.rv <= entry.min_rv {
                 continue;
             }
-            let Some(frame) = event.frame_for(&entry.filter) else {
+            let Some(which) = event.which_for(&entry.filter) else {
                 continue;
             };
             let mut lag = entry.link.lag.lock();
@@ -406,7 +407,8 @@ impl State {
             }
             match entry.tx.try_send(Delivery {
                 rv: event.rv,
-                frame,
+                event: event.clone(),
+                which,
             }) {
                 Ok(()) => outcome.dispatched += 1,
                 Err(mpsc::error::TrySendError::Full(_)) => {
@@ -686,10 +688,11 @@ impl State {
             if event.rv <= entry.min_rv {
                 continue;
             }
-            if let Some(frame) = event.frame_for(&entry.filter) {
+            if let Some(which) = event.which_for(&entry.filter) {
                 frames.push(Delivery {
                     rv: event.rv,
-                    frame,
+                    event: event.clone(),
+                    which,
                 });
             }
         }
@@ -757,7 +760,11 @@ mod tests {
     fn types(rx: &mut mpsc::Receiver<Delivery>) -> Vec<String> {
         let mut out = Vec::new();
         while let Ok(d) = rx.try_recv() {
-            let v: serde_json::Value = serde_json::from_slice(&d.frame).unwrap();
+            let frame = d
+                .event
+                .frame(d.which, crate::cache::negotiate::Representation::JSON, None)
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
             out.push(format!(
                 "{} {} {}",
                 v["type"].as_str().unwrap(),

@@ -25,9 +25,11 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use crate::body::{Body, BoxError};
 use crate::status::Status;
 
-use super::event::{Event, frame};
+use super::encode::{self, ProtoCodec};
+use super::event::Event;
 use super::filter::Filter;
-use super::list::{json_response, upper_bound};
+use super::list::{response_with, upper_bound};
+use super::negotiate::{Encoding, Representation};
 use super::resource::ResourceCache;
 use super::store::{CatchUp, Delivery, Objects, Start, TooOld, WatcherLink};
 
@@ -49,6 +51,8 @@ pub struct WatchParams {
     pub initial_events_end: bool,
     /// When the stream ends.
     pub timeout: Duration,
+    /// What the events carry, and how they are encoded.
+    pub repr: Representation,
 }
 
 enum Phase {
@@ -88,6 +92,8 @@ struct Watch {
     bookmark_timer: Pin<Box<Sleep>>,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     done: bool,
+    repr: Representation,
+    codec: Option<Arc<ProtoCodec>>,
 }
 
 impl Drop for Watch {
@@ -106,18 +112,26 @@ pub fn start(
     params: WatchParams,
     shutdown: CancellationToken,
 ) -> Result<Response<Body>, TooOld> {
+    let encoding = params.repr.encoding;
     let watch = Watch::register(cache, params, shutdown)?;
     let stream = futures_util::stream::unfold(watch, |mut w| async move {
         let chunk = w.next_chunk().await?;
         Some((Ok::<_, BoxError>(Frame::data(chunk)), w))
     });
-    Ok(json_response(Body::new(StreamBody::new(stream))))
+    Ok(response_with(
+        Body::new(StreamBody::new(stream)),
+        encode::watch_content_type(encoding),
+    ))
 }
 
 /// A watch response whose only event is `ERROR` with `status`, as the
 /// apiserver answers a watch it cannot start (`410 Expired`, `504`).
-pub fn error_response(status: &Status) -> Response<Body> {
-    json_response(crate::body::full(frame("ERROR", &status.to_json())))
+pub fn error_response(status: &Status, encoding: Encoding) -> Response<Body> {
+    let object = encode::status_object(status, encoding);
+    response_with(
+        crate::body::full(encode::frame(encoding, "ERROR", &object)),
+        encode::watch_content_type(encoding),
+    )
 }
 
 /// What a lagging watcher does next.
@@ -186,7 +200,10 @@ impl Watch {
             bookmark_timer: Box::pin(tokio::time::sleep_until(deadline)),
             shutdown: Box::pin(shutdown.cancelled_owned()),
             done: false,
+            repr: params.repr,
+            codec: None,
         };
+        watch.codec = watch.cache.info().codec.clone();
         watch.set_next_bookmark(now);
         Ok(watch)
     }
@@ -228,8 +245,14 @@ impl Watch {
                     while *next < events.len() && buf.len() < CHUNK {
                         let e = &events[*next];
                         *next += 1;
-                        if let Some(f) = e.frame_for(&self.filter) {
-                            buf.extend_from_slice(&f);
+                        if let Some(which) = e.which_for(&self.filter) {
+                            match e.frame(which, self.repr, self.codec.as_deref()) {
+                                Some(f) => buf.extend_from_slice(&f),
+                                None => {
+                                    self.done = true;
+                                    break;
+                                }
+                            }
                         }
                         self.last_rv = e.rv;
                     }
@@ -276,9 +299,21 @@ impl Watch {
             }
             last = Some(key.clone());
             if self.filter.matches(o) {
-                buf.extend_from_slice(b"{\"type\":\"ADDED\",\"object\":");
-                buf.extend_from_slice(o.json());
-                buf.extend_from_slice(b"}\n");
+                if self.repr == Representation::JSON {
+                    buf.extend_from_slice(b"{\"type\":\"ADDED\",\"object\":");
+                    buf.extend_from_slice(o.json());
+                    buf.extend_from_slice(b"}\n");
+                    continue;
+                }
+                match encode::object_bytes(o, self.codec.as_deref(), self.repr) {
+                    Some(object) => {
+                        buf.extend_from_slice(&encode::frame(self.repr.encoding, "ADDED", &object));
+                    }
+                    None => {
+                        self.done = true;
+                        return (!buf.is_empty()).then(|| buf.freeze());
+                    }
+                }
             }
         }
         if let Some(k) = last {
@@ -287,7 +322,10 @@ impl Watch {
         if exhausted {
             let rv = *rv;
             if self.initial_events_end {
-                buf.extend_from_slice(&self.cache.bookmark_frame(rv, true));
+                match self.cache.bookmark_frame(rv, true, self.repr) {
+                    Some(b) => buf.extend_from_slice(&b),
+                    None => self.done = true,
+                }
             }
             self.last_rv = rv;
             self.phase = Phase::Live;
@@ -319,14 +357,17 @@ impl Watch {
             if d.rv <= self.min_rv {
                 continue;
             }
+            let Some(frame) = self.frame_of(&d) else {
+                break;
+            };
             self.last_rv = self.last_rv.max(d.rv);
             match lone.take() {
                 Some(prev) => {
                     buf.extend_from_slice(&prev);
-                    buf.extend_from_slice(&d.frame);
+                    buf.extend_from_slice(&frame);
                 }
-                None if buf.is_empty() => lone = Some(d.frame),
-                None => buf.extend_from_slice(&d.frame),
+                None if buf.is_empty() => lone = Some(frame),
+                None => buf.extend_from_slice(&frame),
             }
         }
         lone.or_else(|| (!buf.is_empty()).then(|| buf.freeze()))
@@ -366,16 +407,35 @@ impl Watch {
     }
 
     fn push(&mut self, buf: &mut BytesMut, d: Delivery) {
-        if d.rv > self.min_rv {
-            buf.extend_from_slice(&d.frame);
+        if d.rv > self.min_rv
+            && let Some(frame) = self.frame_of(&d)
+        {
+            buf.extend_from_slice(&frame);
             self.last_rv = self.last_rv.max(d.rv);
         }
+    }
+
+    /// The frame of a delivery in the watch's representation; `None` (and
+    /// the stream ends) when the object cannot be encoded so: the client
+    /// watches again, and passes through.
+    fn frame_of(&mut self, d: &Delivery) -> Option<Bytes> {
+        if self.done {
+            return None;
+        }
+        let f = d.event.frame(d.which, self.repr, self.codec.as_deref());
+        if f.is_none() {
+            self.done = true;
+        }
+        f
     }
 
     async fn live_chunk(&mut self) -> Option<Bytes> {
         loop {
             if let Some(chunk) = self.gather(None) {
                 return Some(chunk);
+            }
+            if self.done {
+                return None;
             }
             if self.link.is_closed() {
                 self.done = true;
@@ -419,7 +479,7 @@ impl Watch {
                     // Only progress is worth a bookmark.
                     if rv > self.last_rv {
                         self.last_rv = rv;
-                        return Some(self.cache.bookmark_frame(rv, false));
+                        return self.cache.bookmark_frame(rv, false, self.repr);
                     }
                 }
             }
@@ -473,6 +533,7 @@ mod tests {
             bookmarks: false,
             initial_events_end: false,
             timeout: Duration::from_secs(60),
+            repr: Representation::JSON,
         };
         let mut w = Watch::register(cache.clone(), params, CancellationToken::new()).unwrap();
         // The buffer holds 10 deliveries: the 11th marks the watcher

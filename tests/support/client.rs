@@ -91,6 +91,32 @@ impl WatchStream {
         }
     }
 
+    /// The next frame of a protobuf watch (`;stream=watch`): its 4-byte
+    /// big-endian length and the `WatchEvent` bytes; `None` at the end of
+    /// the body or after `timeout`.
+    pub async fn next_protobuf(&mut self, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.buf.len() >= 4 {
+                let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
+                    as usize;
+                if self.buf.len() >= 4 + len {
+                    let frame: Vec<u8> = self.buf.drain(..4 + len).collect();
+                    self.raw.push(frame.clone());
+                    return Some(frame);
+                }
+            }
+            match tokio::time::timeout_at(deadline, self.body.frame()).await {
+                Err(_) | Ok(None) | Ok(Some(Err(_))) => return None,
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+
     /// The next event, which must arrive within `timeout`.
     pub async fn event(&mut self, timeout: Duration) -> Value {
         match self.next(timeout).await {

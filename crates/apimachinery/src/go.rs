@@ -85,6 +85,52 @@ pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     out
 }
 
+/// Go's `json.MarshalIndent(value, "", "  ")`: two-space indentation,
+/// `": "` after keys, Go's escaping; no trailing newline.
+pub fn to_vec_indented<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    struct Indented(serde_json::ser::PrettyFormatter<'static>);
+    macro_rules! delegate {
+        ($($name:ident($($arg:ident: $t:ty),*)),* $(,)?) => {$(
+            fn $name<W: ?Sized + io::Write>(&mut self, w: &mut W $(, $arg: $t)*) -> io::Result<()> {
+                self.0.$name(w $(, $arg)*)
+            }
+        )*};
+    }
+    impl Formatter for Indented {
+        delegate!(
+            begin_array(),
+            end_array(),
+            begin_array_value(first: bool),
+            end_array_value(),
+            begin_object(),
+            end_object(),
+            begin_object_key(first: bool),
+            begin_object_value(),
+            end_object_value(),
+        );
+        fn write_string_fragment<W: ?Sized + io::Write>(
+            &mut self,
+            w: &mut W,
+            fragment: &str,
+        ) -> io::Result<()> {
+            GoFormatter.write_string_fragment(w, fragment)
+        }
+        fn write_f64<W: ?Sized + io::Write>(&mut self, w: &mut W, value: f64) -> io::Result<()> {
+            GoFormatter.write_f64(w, value)
+        }
+    }
+    let mut out = Vec::with_capacity(512);
+    let mut ser = serde_json::Serializer::with_formatter(
+        &mut out,
+        Indented(serde_json::ser::PrettyFormatter::with_indent(b"  ")),
+    );
+    if value.serialize(&mut ser).is_err() {
+        out.clear();
+        out.extend_from_slice(b"null");
+    }
+    out
+}
+
 /// Encodes `value` as Go's `json.Encoder` does: followed by `\n`.
 pub fn to_line<T: Serialize + ?Sized>(value: &T) -> Bytes {
     let mut out = to_vec(value);

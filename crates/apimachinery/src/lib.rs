@@ -18,6 +18,7 @@ pub mod go;
 pub mod impersonation;
 pub mod kubeconfig;
 pub mod pki;
+pub mod protobuf;
 pub mod request;
 pub mod resource;
 pub mod selector;

@@ -42,6 +42,8 @@ pub struct Target {
     tls_h2: Arc<ClientConfig>,
     server_name: ServerName<'static>,
     authorization: Option<HeaderValue>,
+    /// The `Accept` of reads.
+    accept: HeaderValue,
 }
 
 impl std::fmt::Debug for Target {
@@ -105,7 +107,21 @@ impl Target {
             tls_h2: Arc::new(tls_h2),
             server_name,
             authorization,
+            accept: HeaderValue::from_static("application/json"),
         })
+    }
+
+    /// Reads ask for `accept` (`application/json` by default).
+    pub fn with_accept(mut self, accept: &'static str) -> Target {
+        self.accept = HeaderValue::from_static(accept);
+        self
+    }
+
+    /// Whether reads ask for protobuf.
+    pub fn protobuf(&self) -> bool {
+        self.accept
+            .as_bytes()
+            .starts_with(b"application/vnd.kubernetes.protobuf")
     }
 
     /// The server URL.
@@ -152,6 +168,7 @@ impl Target {
         path_and_query: &str,
         body: Option<Bytes>,
     ) -> Result<Request<Full<Bytes>>> {
+        let method_is_read = method == Method::GET;
         let url = format!("{}{path_and_query}", self.base);
         let uri: Uri = url.parse().with_context(|| format!("invalid URL {url}"))?;
         let mut b = Request::builder().method(method);
@@ -171,7 +188,12 @@ impl Target {
                 b.uri(pq).header(header::HOST, host)
             }
         };
-        b = b.header(header::ACCEPT, "application/json");
+        // Writes are answered in JSON, whatever the reads ask for.
+        b = if method_is_read {
+            b.header(header::ACCEPT, self.accept.clone())
+        } else {
+            b.header(header::ACCEPT, "application/json")
+        };
         if let Some(a) = &self.authorization {
             b = b.header(header::AUTHORIZATION, a.clone());
         }

@@ -33,6 +33,7 @@
 mod client;
 mod env;
 mod fixtures;
+mod hollow;
 mod metrics;
 mod real;
 mod stats;
@@ -48,6 +49,7 @@ use bytes::Bytes;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
+use kube_cache_proxy::cache::encode::ProtoCodec;
 use kube_cache_proxy::cache::event::EventType;
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::store::{Settings, State};
@@ -93,6 +95,9 @@ enum Cmd {
     /// Cached reads by new identities: latency with a cold and a warm
     /// authorization decision (--sim only).
     Authz(AuthzArgs),
+    /// A hollow kubelet (kubemark) through the proxy in front of a real
+    /// kube-apiserver (kube-testenv), in protobuf or JSON: its CPU.
+    Kubelet(hollow::KubeletArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -107,10 +112,36 @@ struct TargetArgs {
     /// HTTP version.
     #[arg(long, value_enum, default_value_t = Proto::H2)]
     proto: Proto,
+    /// What reads ask for: `json` (`application/json`), `protobuf`
+    /// (`application/vnd.kubernetes.protobuf,application/json`, what
+    /// kubelet and kube-proxy send), or `table` (what `kubectl get` sends).
+    #[arg(long, value_enum, default_value_t = Encoding::Json)]
+    encoding: Encoding,
     #[command(flatten)]
     sim: SimArgs,
     #[command(flatten)]
     real: RealArgs,
+}
+
+/// The `--encoding` of reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Encoding {
+    Json,
+    Protobuf,
+    /// A `Table`, as `kubectl get` asks.
+    Table,
+}
+
+impl Encoding {
+    fn accept(self) -> &'static str {
+        match self {
+            Encoding::Json => "application/json",
+            Encoding::Protobuf => "application/vnd.kubernetes.protobuf,application/json",
+            Encoding::Table => {
+                "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -326,6 +357,10 @@ struct IngestArgs {
     /// How they enter the cache.
     #[arg(long, value_enum, default_value_t = IngestPath::Apply)]
     via: IngestPath,
+    /// Also encode each object's protobuf form, as the first protobuf
+    /// reader of an object version does: the memory with both encodings.
+    #[arg(long)]
+    protobuf: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -359,6 +394,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Idle(a)), _) => idle(&a).await.map(|_| ()),
             (Some(Cmd::Ingest(a)), _) => ingest(&a).map(|_| ()),
             (Some(Cmd::Authz(a)), _) => authz(&a).await.map(|_| ()),
+            (Some(Cmd::Kubelet(a)), _) => hollow::kubelet(&a).await,
             (None, false) => Err(anyhow!(
                 "a subcommand or --self-test is required (see --help)"
             )),
@@ -446,13 +482,17 @@ impl Env {
 async fn resolve(t: &TargetArgs) -> Result<(Target, Option<Env>)> {
     if t.real.real {
         let env = Env::Real(Box::new(RealEnv::start(&t.real, &t.sim).await?));
-        let target = Target::from_kubeconfig(Some(&env.kubeconfig(false)?), None).await?;
+        let target = Target::from_kubeconfig(Some(&env.kubeconfig(false)?), None)
+            .await?
+            .with_accept(t.encoding.accept());
         println!("target: {} (the proxy)", target.base());
         Ok((target, Some(env)))
     } else if t.sim.sim {
         let env = Env::Sim(SimEnv::start(&t.sim).await?);
         let kubeconfig = env.kubeconfig(t.sim.direct)?;
-        let target = Target::from_kubeconfig(Some(&kubeconfig), None).await?;
+        let target = Target::from_kubeconfig(Some(&kubeconfig), None)
+            .await?
+            .with_accept(t.encoding.accept());
         println!(
             "target: {} ({})",
             target.base(),
@@ -464,7 +504,9 @@ async fn resolve(t: &TargetArgs) -> Result<(Target, Option<Env>)> {
         );
         Ok((target, Some(env)))
     } else {
-        let target = Target::from_kubeconfig(t.kubeconfig.as_deref(), t.context.clone()).await?;
+        let target = Target::from_kubeconfig(t.kubeconfig.as_deref(), t.context.clone())
+            .await?
+            .with_accept(t.encoding.accept());
         println!("target: {}", target.base());
         Ok((target, None))
     }
@@ -472,6 +514,9 @@ async fn resolve(t: &TargetArgs) -> Result<(Target, Option<Env>)> {
 
 /// The collection path of a namespaced resource.
 fn collection(r: &ResourceArgs) -> String {
+    if r.resource == "nodes" {
+        return "/api/v1/nodes".into();
+    }
     if r.group.is_empty() {
         format!(
             "/api/{}/namespaces/{}/{}",
@@ -500,6 +545,7 @@ fn encode_query(s: &str) -> String {
 
 /// `metadata.resourceVersion` of a list response.
 async fn list_rv(target: &Target, proto: Proto, path: &str) -> Result<String> {
+    let target = target.clone().with_accept("application/json");
     let mut conn = target.connect(proto).await?;
     let resp = target.fetch(&mut conn, Method::GET, path, None).await?;
     if resp.status != StatusCode::OK {
@@ -535,13 +581,32 @@ struct Counters {
     delivered: AtomicU64,
 }
 
-/// The write time embedded in a watch event line, if any.
+/// The write time embedded in a watch event (a JSON line, or a protobuf
+/// frame: the annotation's map entry is the key, then field 2, its
+/// length and the digits), if any.
 fn sent_at(line: &[u8]) -> Option<u64> {
     const NEEDLE: &[u8] = b"\"kcp-load/sent-unix-nanos\":\"";
-    let at = line.windows(NEEDLE.len()).position(|w| w == NEEDLE)? + NEEDLE.len();
-    let digits = &line[at..];
+    const KEY: &[u8] = b"kcp-load/sent-unix-nanos\x12";
+    let at = match line.windows(NEEDLE.len()).position(|w| w == NEEDLE) {
+        Some(at) => at + NEEDLE.len(),
+        None => line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len() + 1,
+    };
+    let digits = line.get(at..)?;
     let end = digits.iter().position(|b| !b.is_ascii_digit())?;
     std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
+}
+
+/// The next whole event in `buf`: its length and where the one after it
+/// starts (JSON lines, or protobuf frames: a 4-byte big-endian length and
+/// the `WatchEvent`).
+fn next_event(buf: &[u8], protobuf: bool) -> Option<(usize, usize)> {
+    if protobuf {
+        let len = u32::from_be_bytes(buf.get(..4)?.try_into().ok()?) as usize;
+        (buf.len() >= 4 + len).then_some((4 + len, 4 + len))
+    } else {
+        let pos = buf.iter().position(|b| *b == b'\n')?;
+        Some((pos, pos + 1))
+    }
 }
 
 async fn watch_one(
@@ -576,6 +641,7 @@ async fn watch_one(
             return out;
         }
     };
+    let protobuf = target.protobuf();
     let mut body = resp.into_body();
     let mut buf: Vec<u8> = Vec::new();
     loop {
@@ -603,9 +669,9 @@ async fn watch_one(
         buf.extend_from_slice(&data);
         let mut start = 0;
         let mut events = 0;
-        while let Some(pos) = buf[start..].iter().position(|b| *b == b'\n') {
-            let line = &buf[start..start + pos];
-            start += pos + 1;
+        while let Some((line, next)) = next_event(&buf[start..], protobuf) {
+            let line = &buf[start..start + line];
+            start += next;
             match sent_at(line) {
                 Some(sent) => {
                     let lat = Duration::from_nanos(now.saturating_sub(sent));
@@ -614,7 +680,9 @@ async fn watch_one(
                     events += 1;
                 }
                 None => {
-                    if line.starts_with(br#"{"type":"ERROR""#) {
+                    if line.starts_with(br#"{"type":"ERROR""#)
+                        || (protobuf && line.get(4..11) == Some(b"\x0a\x05ERROR"))
+                    {
                         out.error = Some(String::from_utf8_lossy(line).into_owned());
                     }
                     out.other += 1;
@@ -688,7 +756,28 @@ struct WriteOut {
     latencies: Vec<u32>,
 }
 
+/// The body of a write: a configmap or secret with `payload`, or a pod,
+/// node or endpointslice shaped like the apiserver's (`fixtures`), with
+/// kcp-load's name, label and write-time annotation.
 fn object_body(kind: &str, api_version: &str, ns: &str, name: &str, payload: &str) -> Bytes {
+    let realistic = match kind {
+        "Pod" => Some(fixtures::pod(0, ns, &fixtures::node(0), 1)),
+        "Node" => Some(fixtures::node_object(0, 20, 1)),
+        "EndpointSlice" => Some(fixtures::endpoint_slice(0, ns, 10, 1)),
+        _ => None,
+    };
+    if let Some(mut o) = realistic.and_then(|j| serde_json::from_str::<Value>(&j).ok()) {
+        let mut metadata = json!({
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "kcp-load"},
+            "annotations": {SENT_ANNOTATION: unix_nanos().to_string()},
+        });
+        if kind != "Node" {
+            metadata["namespace"] = json!(ns);
+        }
+        o["metadata"] = metadata;
+        return Bytes::from(serde_json::to_vec(&o).unwrap_or_default());
+    }
     let mut o = json!({
         "apiVersion": api_version,
         "kind": kind,
@@ -1018,6 +1107,12 @@ async fn watch_on(target: &Target, env: Option<&Env>, a: &WatchArgs) -> Result<W
         other,
         mib(bytes)
     );
+    if delivered > 0 {
+        println!(
+            "bytes per delivered event: {:.0} (all frames received / events)",
+            bytes as f64 / delivered as f64
+        );
+    }
     println!("delivery latency: {summary}");
     let (mut first, mut last): (Vec<u32>, Vec<u32>) = per_event.values().copied().unzip();
     println!(
@@ -1117,9 +1212,12 @@ async fn list_run(target: &Target, proto: Proto, path: &str, n: usize) -> Result
             bail!("GET {path}: {status}");
         }
         if i == 0 {
-            items = serde_json::from_slice::<Items>(&keep)
-                .map(|l| l.items.len())
-                .unwrap_or(0);
+            items = match protobuf_items(&keep) {
+                Some(n) => n,
+                None => serde_json::from_slice::<Items>(&keep)
+                    .map(|l| l.items.len())
+                    .unwrap_or(0),
+            };
         }
         busy += took;
         bytes += len;
@@ -1131,6 +1229,12 @@ async fn list_run(target: &Target, proto: Proto, path: &str, n: usize) -> Result
         "list: GET {path} x{n}: {items} items, {} per response",
         mib(per)
     );
+    if items > 0 {
+        println!(
+            "bytes per listed object: {:.0} (response / items)",
+            per as f64 / items as f64
+        );
+    }
     println!("list latency: {}", Summary::of(&mut total));
     println!("list time to first byte: {}", Summary::of(&mut first_byte));
     println!(
@@ -1139,6 +1243,23 @@ async fn list_run(target: &Target, proto: Proto, path: &str, n: usize) -> Result
         n as f64 / busy.as_secs_f64()
     );
     Ok(bytes)
+}
+
+/// The items of a protobuf list (`k8s\0`, a `runtime.Unknown` whose
+/// `raw` (field 2) is the list: `metadata` field 1, `items` field 2), or
+/// `None` when `body` is not protobuf.
+fn protobuf_items(body: &[u8]) -> Option<usize> {
+    use apimachinery::protobuf::{fields, find_field};
+    let unknown = body.strip_prefix(b"k8s\0")?;
+    let type_meta = &unknown[find_field(unknown, 1)?];
+    let raw = &unknown[find_field(unknown, 2)?];
+    // meta.k8s.io/v1beta1's PartialObjectMetadataList has its items at 1.
+    let v1beta1 = type_meta.windows(7).any(|w| w == b"v1beta1")
+        && type_meta
+            .windows(25)
+            .any(|w| w == b"PartialObjectMetadataList");
+    let items = if v1beta1 { 1 } else { 2 };
+    Some(fields(raw)?.iter().filter(|(n, _, _)| *n == items).count())
 }
 
 // --- get ---
@@ -1569,8 +1690,10 @@ impl<'a> Plan<'a> {
             (Some(env), None) if !t.sim.direct => Some(env.direct().await?),
             _ => None,
         };
+        // Compared in the same representation; writes and metrics in JSON.
+        let direct = direct.map(|d| d.with_accept(t.encoding.accept()));
         let apiserver = match (&direct, env) {
-            (Some(d), _) => Some(d.clone()),
+            (Some(d), _) => Some(d.clone().with_accept("application/json")),
             (None, Some(env)) => Some(env.direct().await?),
             (None, None) => None,
         };
@@ -2171,6 +2294,39 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
         ObjectKind::Node => (FieldSet::Node, "nodes", false),
         ObjectKind::Endpointslice => (FieldSet::Default, "endpointslices", true),
     };
+    let codec = if a.protobuf {
+        let (group, kind, api_version) = match a.kind {
+            ObjectKind::Pod => ("", "Pod", "v1"),
+            ObjectKind::Configmap => ("", "ConfigMap", "v1"),
+            ObjectKind::Node => ("", "Node", "v1"),
+            ObjectKind::Endpointslice => {
+                ("discovery.k8s.io", "EndpointSlice", "discovery.k8s.io/v1")
+            }
+        };
+        Some(
+            ProtoCodec::new(
+                group,
+                "v1",
+                kind,
+                api_version,
+                prometheus::IntGauge::new("encoded_bytes", "-")?,
+                prometheus::IntCounter::new("encode_failures", "-")?,
+            )
+            .ok_or_else(|| anyhow!("no protobuf schema for {kind}"))?,
+        )
+    } else {
+        None
+    };
+    // The object as cached, with its protobuf form when asked for.
+    let cached = |text: &str| -> Result<CachedObject> {
+        let o = CachedObject::from_json(text.as_bytes(), field_set, namespaced)?;
+        if let Some(codec) = &codec {
+            o.proto(codec)
+                .ok_or_else(|| anyhow!("the {what} fixture does not encode in protobuf"))?;
+        }
+        Ok(o)
+    };
+    let mut proto_bytes = 0u64;
     let mut state = State::new(Settings {
         history_capacity: 1,
         history_max_age: Duration::from_secs(300),
@@ -2203,7 +2359,7 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
         });
         warm.replace(Vec::new(), 1, Instant::now());
         for i in 0..100 {
-            let o = CachedObject::from_json(json(i).as_bytes(), field_set, namespaced)?;
+            let o = cached(&json(i))?;
             warm.apply(EventType::Added, o, Instant::now());
         }
     }
@@ -2216,7 +2372,8 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
             for i in 0..a.objects {
                 let text = json(i);
                 json_bytes += text.len() as u64;
-                let o = CachedObject::from_json(text.as_bytes(), field_set, namespaced)?;
+                let o = cached(&text)?;
+                proto_bytes += o.proto_size() as u64;
                 state.apply(EventType::Added, o, Instant::now());
             }
         }
@@ -2225,11 +2382,9 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
             for i in 0..a.objects {
                 let text = json(i);
                 json_bytes += text.len() as u64;
-                items.push(CachedObject::from_json(
-                    text.as_bytes(),
-                    field_set,
-                    namespaced,
-                )?);
+                let o = cached(&text)?;
+                proto_bytes += o.proto_size() as u64;
+                items.push(o);
             }
             state.replace(items, a.objects as u64 + 2, Instant::now());
         }
@@ -2258,6 +2413,14 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
         delta as f64 / a.objects.max(1) as f64,
         (delta as f64 - json_bytes as f64) / a.objects.max(1) as f64
     );
+    if a.protobuf {
+        println!(
+            "ingest: protobuf forms {} ({:.0} B each, {:.3}x the JSON)",
+            mib(proto_bytes),
+            proto_bytes as f64 / a.objects.max(1) as f64,
+            proto_bytes as f64 / json_bytes.max(1) as f64
+        );
+    }
     println!(
         "ingest: the cache's own accounting (State::bytes): {} = {:.3}x the JSON",
         mib(accounted),
@@ -2285,6 +2448,7 @@ async fn self_test() -> Result<()> {
         kubeconfig: None,
         context: None,
         proto: Proto::H2,
+        encoding: Encoding::Json,
         sim: sim_args.clone(),
         real: RealArgs {
             real: false,
@@ -2297,35 +2461,41 @@ async fn self_test() -> Result<()> {
     let env = Env::Sim(sim_env);
     let mut failures = Vec::new();
 
-    println!("=== watch: 50 watchers, 1 writer at 20 writes/s for 3s");
-    let w = watch_on(
-        &target,
-        Some(&env),
-        &WatchArgs {
-            target: target_args.clone(),
-            resource: ResourceArgs {
-                namespace: "default".into(),
-                group: String::new(),
-                version: "v1".into(),
-                resource: "configmaps".into(),
-                kind: None,
+    for encoding in [Encoding::Json, Encoding::Protobuf] {
+        println!("=== watch ({encoding:?}): 50 watchers, 1 writer at 20 writes/s for 3s");
+        let target = target.clone().with_accept(encoding.accept());
+        let w = watch_on(
+            &target,
+            Some(&env),
+            &WatchArgs {
+                target: TargetArgs {
+                    encoding,
+                    ..target_args.clone()
+                },
+                resource: ResourceArgs {
+                    namespace: "default".into(),
+                    group: String::new(),
+                    version: "v1".into(),
+                    resource: "configmaps".into(),
+                    kind: None,
+                },
+                watchers: 50,
+                watchers_per_conn: 20,
+                writers: 1,
+                rate: 20.0,
+                duration: 3,
+                objects_per_writer: 2,
+                payload_bytes: 64,
+                drain: 5,
+                lists: 3,
+                list_path: "/api/v1/pods?resourceVersion=0".into(),
+                keep: false,
             },
-            watchers: 50,
-            watchers_per_conn: 20,
-            writers: 1,
-            rate: 20.0,
-            duration: 3,
-            objects_per_writer: 2,
-            payload_bytes: 64,
-            drain: 5,
-            lists: 3,
-            list_path: "/api/v1/pods?resourceVersion=0".into(),
-            keep: false,
-        },
-    )
-    .await?;
-    if w.writes == 0 || w.delivered != w.expected || w.errors > 0 {
-        failures.push(format!("watch: {w:?}"));
+        )
+        .await?;
+        if w.writes == 0 || w.delivered != w.expected || w.errors > 0 {
+            failures.push(format!("watch ({encoding:?}): {w:?}"));
+        }
     }
 
     let load_args = |concurrency: usize, write_rate: f64| LoadArgs {
@@ -2482,6 +2652,7 @@ async fn self_test() -> Result<()> {
         objects: 2000,
         kind: ObjectKind::Pod,
         via: IngestPath::Apply,
+        protobuf: true,
     })?;
     // The RSS figure means something only in a fresh process (`kcp-load
     // ingest`): here the sim's and proxy's freed memory is reused.

@@ -1,0 +1,569 @@
+//! JSON to protobuf, as kube-apiserver's Go marshaller would write the
+//! object the JSON decodes to.
+//!
+//! Driven by the generated schema: fields in field-number order; a
+//! non-pointer Go field written even when empty (absent from JSON because
+//! of `omitempty`); pointers, `[]byte` and named slices only when set;
+//! repeated fields element by element; maps in sorted key order; the
+//! special types (`Time`, `MicroTime`, `Quantity`, `IntOrString`,
+//! `RawExtension`, `FieldsV1`) as their custom marshallers write them
+//! (`staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/time_proto.go` and
+//! friends). Varints and keys are written with `prost`.
+//!
+//! Strict: a JSON key the type does not have, or a value of the wrong JSON
+//! type, is an error, never silently dropped (the object then is not
+//! served in protobuf).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use base64::Engine;
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+use super::schema::MESSAGES;
+use super::schema_types::{Cardinality, Field, FieldKind, Message, Presence, Special};
+
+/// Why JSON could not be transcoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranscodeError(pub String);
+
+impl fmt::Display for TranscodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TranscodeError {}
+
+type Result<T> = std::result::Result<T, TranscodeError>;
+
+fn err(what: impl Into<String>) -> TranscodeError {
+    TranscodeError(what.into())
+}
+
+/// `time.Time{}.Unix()`: the zero time, which marshals as an empty message.
+const ZERO_TIME_SECONDS: i64 = -62_135_596_800;
+
+/// A JSON string, borrowed when it has no escapes.
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Wrap<'a>(#[serde(borrow)] Cow<'a, str>);
+        Wrap::deserialize(d).map(|w| Str(w.0))
+    }
+}
+
+/// A JSON object as its keys and their values' bytes.
+struct Obj<'a>(Vec<(Str<'a>, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Obj<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Obj<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Obj<'de>, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(entry) = map.next_entry::<Str<'de>, &'de RawValue>()? {
+                    entries.push(entry);
+                }
+                Ok(Obj(entries))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'a> Obj<'a> {
+    /// The value of `key` (Go's decoder keeps the last of duplicates);
+    /// `null` counts as absent.
+    fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k.0 == key)
+            .map(|(_, v)| *v)
+            .filter(|v| v.get() != "null")
+    }
+}
+
+/// A JSON array as its elements' bytes.
+struct Arr<'a>(Vec<&'a RawValue>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Arr<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Arr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Arr<'de>, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(4));
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    items.push(item);
+                }
+                Ok(Arr(items))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+fn parse<'a, T: Deserialize<'a>>(raw: &'a str, what: &str) -> Result<T> {
+    serde_json::from_str(raw).map_err(|e| err(format!("{what}: {e}")))
+}
+
+/// Encodes the JSON object `json` as the protobuf message `message`
+/// (without the `k8s\0` envelope), appending to `out`.
+///
+/// # Errors
+/// [`TranscodeError`] when the JSON is not an object of that type.
+pub fn transcode(json: &[u8], message: &'static Message, out: &mut Vec<u8>) -> Result<()> {
+    let text = std::str::from_utf8(json).map_err(|e| err(format!("not UTF-8: {e}")))?;
+    let raw: &RawValue = parse(text, message.name)?;
+    encode_body(raw, message, out)
+}
+
+/// Writes `number` as a length-delimited field whose body `body` writes,
+/// the length in front (reserved as one byte, widened if the body is
+/// 128 bytes or more).
+fn nested(
+    out: &mut Vec<u8>,
+    number: u32,
+    body: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    encode_key(number, WireType::LengthDelimited, out);
+    let at = out.len();
+    out.push(0);
+    body(out)?;
+    let len = out.len() - at - 1;
+    if len < 0x80 {
+        out[at] = len as u8;
+    } else {
+        let mut prefix = Vec::with_capacity(encoded_len_varint(len as u64));
+        encode_varint(len as u64, &mut prefix);
+        out.splice(at..at + 1, prefix);
+    }
+    Ok(())
+}
+
+fn bytes_field(out: &mut Vec<u8>, number: u32, value: &[u8]) {
+    encode_key(number, WireType::LengthDelimited, out);
+    encode_varint(value.len() as u64, out);
+    out.extend_from_slice(value);
+}
+
+fn varint_field(out: &mut Vec<u8>, number: u32, value: u64) {
+    encode_key(number, WireType::Varint, out);
+    encode_varint(value, out);
+}
+
+/// A message's body from its JSON value (`null` is the zero value).
+fn encode_body(raw: &RawValue, message: &'static Message, out: &mut Vec<u8>) -> Result<()> {
+    let text = raw.get();
+    match message.special {
+        Special::Plain => {
+            if text == "null" {
+                return encode_fields(&Obj(Vec::new()), message, out);
+            }
+            let obj: Obj<'_> = parse(text, message.name)?;
+            check_keys(&obj, message)?;
+            encode_fields(&obj, message, out)
+        }
+        Special::Time | Special::MicroTime => {
+            if text == "null" {
+                return Ok(());
+            }
+            let s: Str<'_> = parse(text, message.name)?;
+            let ts: jiff::Timestamp =
+                s.0.parse()
+                    .map_err(|e| err(format!("{}: {e}", message.name)))?;
+            let (mut seconds, mut nanos) = (ts.as_second(), ts.subsec_nanosecond());
+            if nanos < 0 {
+                seconds -= 1;
+                nanos += 1_000_000_000;
+            }
+            if seconds == ZERO_TIME_SECONDS && nanos == 0 {
+                return Ok(());
+            }
+            let nanos = if message.special == Special::MicroTime {
+                nanos - nanos % 1000
+            } else {
+                0
+            };
+            varint_field(out, 1, seconds as u64);
+            varint_field(out, 2, i64::from(nanos) as u64);
+            Ok(())
+        }
+        Special::Quantity => {
+            let s = if text.starts_with('"') {
+                parse::<Str<'_>>(text, message.name)?.0
+            } else if text == "null" {
+                Cow::Borrowed("0")
+            } else {
+                // A JSON number: its text.
+                let _: serde_json::Number = parse(text, message.name)?;
+                Cow::Borrowed(text)
+            };
+            bytes_field(out, 1, s.as_bytes());
+            Ok(())
+        }
+        Special::IntOrString => {
+            let (kind, int, s) = if text == "null" {
+                (0, 0, Cow::Borrowed(""))
+            } else if text.starts_with('"') {
+                (1, 0, parse::<Str<'_>>(text, message.name)?.0)
+            } else {
+                (0, parse::<i32>(text, message.name)?, Cow::Borrowed(""))
+            };
+            varint_field(out, 1, kind);
+            varint_field(out, 2, i64::from(int) as u64);
+            bytes_field(out, 3, s.as_bytes());
+            Ok(())
+        }
+        Special::RawExtension | Special::FieldsV1 => {
+            if text != "null" && !text.is_empty() {
+                bytes_field(out, 1, text.as_bytes());
+            }
+            Ok(())
+        }
+        Special::Duration => {
+            let s: Str<'_> = parse(text, message.name)?;
+            let nanos = go_duration(&s.0).ok_or_else(|| err(format!("bad duration {:?}", s.0)))?;
+            varint_field(out, 1, nanos as u64);
+            Ok(())
+        }
+        Special::Wrapped => {
+            if text == "null" {
+                return Ok(());
+            }
+            let field = message.fields.first().ok_or_else(|| err(message.name))?;
+            let items: Arr<'_> = parse(text, message.name)?;
+            for item in items.0 {
+                encode_value(item, field, out)?;
+            }
+            Ok(())
+        }
+        Special::Unsupported => Err(err(format!("{} is not supported", message.name))),
+    }
+}
+
+/// Whether `key` is a JSON key of `message` or of a struct it embeds.
+fn accepts(message: &Message, key: &str) -> bool {
+    message.ignored.contains(&key)
+        || message.fields.iter().any(|f| match f.presence {
+            Presence::Inline => match f.kind {
+                FieldKind::M(i) => MESSAGES
+                    .get(usize::from(i))
+                    .is_some_and(|m| accepts(m, key)),
+                _ => false,
+            },
+            _ => f.json == key,
+        })
+}
+
+fn check_keys(obj: &Obj<'_>, message: &Message) -> Result<()> {
+    match obj.0.iter().find(|(k, _)| !accepts(message, &k.0)) {
+        Some((k, _)) => Err(err(format!("{} has no field {:?}", message.name, k.0))),
+        None => Ok(()),
+    }
+}
+
+fn sub(kind: FieldKind) -> Result<&'static Message> {
+    match kind {
+        FieldKind::M(i) => MESSAGES
+            .get(usize::from(i))
+            .ok_or_else(|| err("schema index out of range")),
+        _ => Err(err("not a message")),
+    }
+}
+
+/// The fields of `message`, from `obj` (the JSON object it, or the
+/// message embedding it, was written as).
+fn encode_fields(obj: &Obj<'_>, message: &'static Message, out: &mut Vec<u8>) -> Result<()> {
+    for field in message.fields {
+        if field.presence == Presence::Inline {
+            let inner = sub(field.kind)?;
+            nested(out, field.number, |out| encode_fields(obj, inner, out))?;
+            continue;
+        }
+        let value = obj.get(field.json);
+        match field.cardinality {
+            Cardinality::One => match value {
+                Some(v) => encode_value(v, field, out)?,
+                None if field.presence == Presence::Always => encode_zero(field, out)?,
+                None => {}
+            },
+            Cardinality::Repeated => {
+                if let Some(v) = value {
+                    let items: Arr<'_> = parse(v.get(), field.json)?;
+                    for item in items.0 {
+                        encode_value(item, field, out)?;
+                    }
+                }
+            }
+            Cardinality::Map => {
+                if let Some(v) = value {
+                    let map: Obj<'_> = parse(v.get(), field.json)?;
+                    let mut entries = map.0;
+                    // Go's decoder keeps the last of duplicate keys; the
+                    // marshaller writes keys in sorted (byte) order.
+                    entries.reverse();
+                    entries.sort_by(|a, b| a.0.0.as_bytes().cmp(b.0.0.as_bytes()));
+                    entries.dedup_by(|a, b| a.0.0 == b.0.0);
+                    for (key, value) in entries {
+                        encode_entry(&key.0, value, field, out)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One map entry: key 1, value 2. A `[]byte` value is written only when
+/// not `null`; strings and messages always.
+fn encode_entry(key: &str, value: &RawValue, field: &Field, out: &mut Vec<u8>) -> Result<()> {
+    nested(out, field.number, |out| {
+        bytes_field(out, 1, key.as_bytes());
+        let is_null = value.get() == "null";
+        match field.kind {
+            FieldKind::Str => {
+                let s: Cow<'_, str> = if is_null {
+                    Cow::Borrowed("")
+                } else {
+                    parse::<Str<'_>>(value.get(), field.json)?.0
+                };
+                bytes_field(out, 2, s.as_bytes());
+            }
+            FieldKind::Bytes if is_null => {}
+            FieldKind::Bytes => bytes_field(out, 2, &base64_value(value, field)?),
+            FieldKind::M(_) => {
+                let inner = sub(field.kind)?;
+                nested(out, 2, |out| encode_body(value, inner, out))?;
+            }
+            _ => return Err(err(format!("{}: unsupported map value", field.json))),
+        }
+        Ok(())
+    })
+}
+
+fn base64_value(value: &RawValue, field: &Field) -> Result<Vec<u8>> {
+    let s: Str<'_> = parse(value.get(), field.json)?;
+    base64::engine::general_purpose::STANDARD
+        .decode(s.0.as_bytes())
+        .map_err(|e| err(format!("{}: {e}", field.json)))
+}
+
+/// One value of `field` (a single value or a repeated element).
+fn encode_value(value: &RawValue, field: &Field, out: &mut Vec<u8>) -> Result<()> {
+    let text = value.get();
+    let number = field.number;
+    match field.kind {
+        FieldKind::Str => {
+            let s: Cow<'_, str> = if text == "null" {
+                Cow::Borrowed("")
+            } else {
+                parse::<Str<'_>>(text, field.json)?.0
+            };
+            bytes_field(out, number, s.as_bytes());
+        }
+        FieldKind::Bytes => {
+            let b = if text == "null" {
+                Vec::new()
+            } else {
+                base64_value(value, field)?
+            };
+            bytes_field(out, number, &b);
+        }
+        FieldKind::Bool => {
+            let b: Option<bool> = parse(text, field.json)?;
+            varint_field(out, number, u64::from(b.unwrap_or(false)));
+        }
+        FieldKind::I32 => {
+            let n: Option<i32> = parse(text, field.json)?;
+            varint_field(out, number, i64::from(n.unwrap_or(0)) as u64);
+        }
+        FieldKind::I64 => {
+            let n: Option<i64> = parse(text, field.json)?;
+            varint_field(out, number, n.unwrap_or(0) as u64);
+        }
+        FieldKind::F64 => {
+            let n: Option<f64> = parse(text, field.json)?;
+            encode_key(number, WireType::SixtyFourBit, out);
+            out.extend_from_slice(&n.unwrap_or(0.0).to_bits().to_le_bytes());
+        }
+        FieldKind::M(_) => {
+            let inner = sub(field.kind)?;
+            nested(out, number, |out| encode_body(value, inner, out))?;
+        }
+    }
+    Ok(())
+}
+
+/// The zero value of an always-written field absent from JSON.
+fn encode_zero(field: &Field, out: &mut Vec<u8>) -> Result<()> {
+    match field.kind {
+        FieldKind::Str | FieldKind::Bytes => bytes_field(out, field.number, b""),
+        FieldKind::Bool | FieldKind::I32 | FieldKind::I64 => varint_field(out, field.number, 0),
+        FieldKind::F64 => {
+            encode_key(field.number, WireType::SixtyFourBit, out);
+            out.extend_from_slice(&[0; 8]);
+        }
+        FieldKind::M(_) => {
+            let inner = sub(field.kind)?;
+            let null: &RawValue = parse("null", field.json)?;
+            nested(out, field.number, |out| encode_body(null, inner, out))?;
+        }
+    }
+    Ok(())
+}
+
+/// Go's `time.ParseDuration`, in nanoseconds.
+fn go_duration(s: &str) -> Option<i64> {
+    let (neg, mut rest) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    if rest == "0" {
+        return Some(0);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total: f64 = 0.0;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_end] {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return None,
+        };
+        rest = &rest[unit_end..];
+        total += number * unit;
+    }
+    let total = if neg { -total } else { total };
+    (total.abs() < 9.3e18).then_some(total.round() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protobuf::message;
+
+    fn enc(json: &str, name: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        transcode(json.as_bytes(), message(name).unwrap(), &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn object_meta_always_writes_non_pointer_fields() {
+        let out = enc(
+            r#"{"name":"a","resourceVersion":"5","creationTimestamp":null}"#,
+            "k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+        );
+        // name, generateName, namespace, selfLink, uid, resourceVersion,
+        // generation, creationTimestamp (zero: empty).
+        assert_eq!(
+            out,
+            b"\x0a\x01a\x12\x00\x1a\x00\x22\x00\x2a\x00\x32\x015\x38\x00\x42\x00".to_vec()
+        );
+    }
+
+    #[test]
+    fn special_types() {
+        let t = enc(
+            r#"{"creationTimestamp":"2024-01-02T03:04:05Z"}"#,
+            "k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+        );
+        let seconds = 1_704_164_645u64;
+        let mut want = vec![0x42];
+        let mut body = Vec::new();
+        varint_field(&mut body, 1, seconds);
+        varint_field(&mut body, 2, 0);
+        want.push(body.len() as u8);
+        want.extend(body);
+        assert!(t.windows(want.len()).any(|w| w == want.as_slice()));
+        let port = enc(
+            r#"{"port":80,"targetPort":"http"}"#,
+            "k8s.io.api.core.v1.ServicePort",
+        );
+        assert!(
+            port.windows(12)
+                .any(|w| w == b"\x22\x0a\x08\x01\x10\x00\x1a\x04http")
+        );
+        assert!(go_duration("1h2m3.5s") == Some(3_723_500_000_000));
+        assert_eq!(go_duration("-300ms"), Some(-300_000_000));
+        assert_eq!(go_duration("5"), None);
+    }
+
+    #[test]
+    fn maps_are_sorted_and_unknown_keys_refused() {
+        let a = enc(
+            r#"{"labels":{"b":"2","a":"1"}}"#,
+            "k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+        );
+        let b = enc(
+            r#"{"labels":{"a":"1","b":"2"}}"#,
+            "k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+        );
+        assert_eq!(a, b);
+        let mut out = Vec::new();
+        let e = transcode(
+            br#"{"metadata":{},"bogus":1}"#,
+            message("k8s.io.api.core.v1.ConfigMap").unwrap(),
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(e.0.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn inline_structs_read_the_same_object() {
+        let v = enc(
+            r#"{"name":"v","configMap":{"name":"c"}}"#,
+            "k8s.io.api.core.v1.Volume",
+        );
+        // name, then volumeSource (2) holding configMap (19).
+        assert!(v.starts_with(b"\x0a\x01v\x12"));
+        assert!(v.windows(2).any(|w| w == b"\x9a\x01"));
+    }
+
+    #[test]
+    fn long_bodies_get_wide_lengths() {
+        let long = "x".repeat(300);
+        let out = enc(
+            &format!(r#"{{"metadata":{{"name":"{long}"}}}}"#),
+            "k8s.io.api.core.v1.ConfigMap",
+        );
+        // metadata: key 0x0a, then a two-byte length.
+        assert_eq!(out[0], 0x0a);
+        assert!(out[1] & 0x80 != 0);
+    }
+}

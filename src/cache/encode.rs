@@ -1,0 +1,319 @@
+//! The representations the cache answers in, from the JSON it holds:
+//! JSON as received, protobuf (built-in types), and
+//! `PartialObjectMetadata[List]` in either.
+//!
+//! Like the apiserver's `cachingObject`, each object version is encoded in
+//! protobuf at most once, when the first reader asks for it, and the
+//! envelope is shared by every get, list and watch event that carries that
+//! version ([`ProtoForm`]). The metadata-only forms are slices of what is
+//! held: the `metadata` bytes of the object's JSON, or the `ObjectMeta`
+//! field of its protobuf message, behind a fixed header. Watch frames are
+//! built once per event and representation (`event.rs`).
+//!
+//! If an object cannot be encoded (a field the generated schema lacks: an
+//! apiserver newer than the proxy), the resource's protobuf readers pass
+//! through from then on ([`ProtoCodec::is_broken`]) and the metric
+//! `cache_encode_failures_total` counts it.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use apimachinery::protobuf::{self, ENVELOPE_TAIL, Message};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Response, header};
+use prometheus::{IntCounter, IntGauge};
+
+use crate::body::{self, Body};
+use crate::status::Status;
+
+use super::negotiate::{Encoding, ErrorEncoding, MetaVersion, Representation};
+use super::object::CachedObject;
+
+/// `application/json`.
+pub const JSON: &str = "application/json";
+/// A protobuf watch stream's content type.
+pub const PROTOBUF_WATCH: &str = "application/vnd.kubernetes.protobuf;stream=watch";
+
+/// How a resource's objects are encoded in protobuf.
+#[derive(Debug)]
+pub struct ProtoCodec {
+    message: &'static Message,
+    /// `v1`, `apps/v1`.
+    pub api_version: String,
+    pub kind: String,
+    bytes: IntGauge,
+    failures: IntCounter,
+    broken: AtomicBool,
+}
+
+/// An object version's protobuf envelope, and where its message and its
+/// `metadata` field lie in it.
+#[derive(Debug)]
+pub struct ProtoForm {
+    envelope: Bytes,
+    raw: Range<u32>,
+    metadata: Range<u32>,
+    bytes: IntGauge,
+}
+
+impl Drop for ProtoForm {
+    fn drop(&mut self) {
+        self.bytes.sub(self.envelope.len() as i64);
+    }
+}
+
+impl ProtoForm {
+    /// `k8s\0` + `runtime.Unknown{typeMeta, raw}`: a get's body, a watch
+    /// event's object.
+    pub fn envelope(&self) -> &Bytes {
+        &self.envelope
+    }
+
+    /// The object's message: a list item.
+    pub fn raw(&self) -> Bytes {
+        self.envelope
+            .slice(self.raw.start as usize..self.raw.end as usize)
+    }
+
+    /// The `ObjectMeta` message.
+    pub fn metadata(&self) -> Bytes {
+        self.envelope
+            .slice(self.metadata.start as usize..self.metadata.end as usize)
+    }
+}
+
+// === impl ProtoCodec ===
+
+impl ProtoCodec {
+    /// The codec of a built-in kind, if the schema has it.
+    pub fn new(
+        group: &str,
+        version: &str,
+        kind: &str,
+        api_version: &str,
+        bytes: IntGauge,
+        failures: IntCounter,
+    ) -> Option<ProtoCodec> {
+        let message = protobuf::message_for(group, version, kind)?;
+        // Every kind's ObjectMeta is field 1, which metadata-only reads
+        // rely on.
+        (protobuf::field_number(message, "metadata") == Some(1)).then(|| ProtoCodec {
+            message,
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+            bytes,
+            failures,
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether an object of the resource failed to encode: protobuf reads
+    /// pass through.
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+
+    /// Encodes an object's JSON; `None` (and the resource marked broken)
+    /// when it cannot be.
+    pub fn encode(&self, json: &[u8]) -> Option<ProtoForm> {
+        let mut raw = Vec::with_capacity(json.len() / 2);
+        if let Err(error) = protobuf::transcode(json, self.message, &mut raw) {
+            self.failures.inc();
+            if !self.broken.swap(true, Ordering::Relaxed) {
+                tracing::warn!(kind = %self.kind, %error, "cannot encode an object in protobuf; protobuf reads of the resource pass through");
+            }
+            return None;
+        }
+        let (envelope, range) = protobuf::envelope(&self.api_version, &self.kind, &raw);
+        let metadata = protobuf::find_field(&raw, 1)?;
+        let to = |r: Range<usize>| (r.start + range.start) as u32..(r.end + range.start) as u32;
+        self.bytes.add(envelope.len() as i64);
+        Some(ProtoForm {
+            envelope: Bytes::from(envelope),
+            raw: range.start as u32..range.end as u32,
+            metadata: to(metadata),
+            bytes: self.bytes.clone(),
+        })
+    }
+}
+
+/// `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":`
+pub fn metadata_json_head(version: MetaVersion) -> &'static [u8] {
+    match version {
+        MetaVersion::V1 => {
+            br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#
+        }
+        MetaVersion::V1beta1 => {
+            br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1beta1","metadata":"#
+        }
+    }
+}
+
+/// The `PartialObjectMetadata` message of an `ObjectMeta` message.
+fn metadata_message(metadata: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(metadata.len() + 6);
+    protobuf::put_bytes(&mut out, 1, metadata);
+    out
+}
+
+/// The body chunks of one object in `repr` (a get's body, without the
+/// JSON newline); `None` when it cannot be encoded.
+pub fn object_chunks(
+    o: &CachedObject,
+    codec: Option<&ProtoCodec>,
+    repr: Representation,
+) -> Option<Vec<Bytes>> {
+    Some(match (repr.encoding, repr.metadata) {
+        (Encoding::Json, None) => vec![o.json().clone()],
+        (Encoding::Json, Some(v)) => vec![
+            Bytes::from_static(metadata_json_head(v)),
+            o.metadata_json(),
+            Bytes::from_static(b"}"),
+        ],
+        (Encoding::Protobuf, None) => vec![o.proto(codec?)?.envelope().clone()],
+        (Encoding::Protobuf, Some(v)) => {
+            let meta = o.proto(codec?)?.metadata();
+            let inner = protobuf::field_len(1, meta.len());
+            let mut head = protobuf::envelope_head(v.api_version(), "PartialObjectMetadata", inner);
+            protobuf::put_header(&mut head, 1, meta.len());
+            vec![Bytes::from(head), meta, Bytes::from_static(ENVELOPE_TAIL)]
+        }
+    })
+}
+
+/// One object as a single buffer in `repr` (a watch event's object).
+pub fn object_bytes(
+    o: &CachedObject,
+    codec: Option<&ProtoCodec>,
+    repr: Representation,
+) -> Option<Bytes> {
+    if repr == Representation::JSON {
+        return Some(o.json().clone());
+    }
+    if repr == Representation::PROTOBUF {
+        return Some(o.proto(codec?)?.envelope().clone());
+    }
+    let chunks = object_chunks(o, codec, repr)?;
+    let mut out = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+    for c in chunks {
+        out.extend_from_slice(&c);
+    }
+    Some(out.freeze())
+}
+
+/// A watch event frame: JSON `{"type":T,"object":O}\n`, or a protobuf
+/// length-prefixed `WatchEvent`.
+pub fn frame(encoding: Encoding, event_type: &str, object: &[u8]) -> Bytes {
+    match encoding {
+        Encoding::Json => super::event::frame(event_type, object),
+        Encoding::Protobuf => Bytes::from(protobuf::watch_frame(event_type, object)),
+    }
+}
+
+/// A plain (non-metadata) object from its JSON, in `encoding`: for
+/// objects the cache builds (bookmarks) rather than holds.
+pub fn built_object(
+    json: &[u8],
+    codec: Option<&ProtoCodec>,
+    repr: Representation,
+) -> Option<Bytes> {
+    match (repr.encoding, repr.metadata) {
+        (Encoding::Json, None) => Some(Bytes::copy_from_slice(json)),
+        (Encoding::Protobuf, None) => {
+            let codec = codec?;
+            let mut raw = Vec::new();
+            protobuf::transcode(json, codec.message, &mut raw).ok()?;
+            Some(Bytes::from(
+                protobuf::envelope(&codec.api_version, &codec.kind, &raw).0,
+            ))
+        }
+        (encoding, Some(v)) => {
+            #[derive(serde::Deserialize)]
+            struct Top<'a> {
+                #[serde(borrow)]
+                metadata: &'a serde_json::value::RawValue,
+            }
+            let top: Top<'_> = serde_json::from_slice(json).ok()?;
+            let meta = top.metadata.get().as_bytes();
+            match encoding {
+                Encoding::Json => {
+                    let mut out = metadata_json_head(v).to_vec();
+                    out.extend_from_slice(meta);
+                    out.push(b'}');
+                    Some(Bytes::from(out))
+                }
+                Encoding::Protobuf => {
+                    let object_meta =
+                        protobuf::message("k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta")?;
+                    let mut raw = Vec::new();
+                    protobuf::transcode(meta, object_meta, &mut raw).ok()?;
+                    let pom = metadata_message(&raw);
+                    Some(Bytes::from(
+                        protobuf::envelope(v.api_version(), "PartialObjectMetadata", &pom).0,
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// A `Status` as a protobuf envelope (`apiVersion: v1`, `kind: Status`),
+/// as the apiserver writes errors to a client that accepts protobuf.
+pub fn status_protobuf(s: &Status) -> Option<Bytes> {
+    let message = protobuf::message("k8s.io.apimachinery.pkg.apis.meta.v1.Status")?;
+    let mut raw = Vec::new();
+    protobuf::transcode(&s.to_json(), message, &mut raw).ok()?;
+    Some(Bytes::from(protobuf::envelope("v1", "Status", &raw).0))
+}
+
+/// A `Status` as a watch stream's `ERROR` object in `encoding`.
+pub fn status_object(s: &Status, encoding: Encoding) -> Bytes {
+    match encoding {
+        Encoding::Protobuf => status_protobuf(s).unwrap_or_else(|| s.to_json()),
+        Encoding::Json => s.to_json(),
+    }
+}
+
+/// An error answer: the `Status` in the negotiated error encoding
+/// (`responsewriters.ErrorNegotiated`).
+pub fn status_response(s: Status, errors: ErrorEncoding) -> Response<Body> {
+    let body = match errors {
+        ErrorEncoding::Json => return s.into_response(),
+        ErrorEncoding::Protobuf => match status_protobuf(&s) {
+            Some(b) => (b, protobuf::CONTENT_TYPE),
+            None => return s.into_response(),
+        },
+        ErrorEncoding::IndentedJson => (Bytes::from(crate::go::to_vec_indented(&s)), JSON),
+    };
+    let mut resp = s.into_response();
+    *resp.body_mut() = body::full(body.0);
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(body.1));
+    resp
+}
+
+/// The content type of a get or list answer in `encoding`.
+pub fn content_type(encoding: Encoding) -> &'static str {
+    match encoding {
+        Encoding::Json => JSON,
+        Encoding::Protobuf => protobuf::CONTENT_TYPE,
+    }
+}
+
+/// The content type of a watch in `encoding`.
+pub fn watch_content_type(encoding: Encoding) -> &'static str {
+    match encoding {
+        Encoding::Json => JSON,
+        Encoding::Protobuf => PROTOBUF_WATCH,
+    }
+}
+
+/// The label of `repr` in `cache_served_total`.
+pub fn representation_label(repr: Representation) -> &'static str {
+    match (repr.encoding, repr.metadata) {
+        (Encoding::Json, None) => "json",
+        (Encoding::Protobuf, None) => "protobuf",
+        (Encoding::Json, Some(_)) => "metadata_json",
+        (Encoding::Protobuf, Some(_)) => "metadata_protobuf",
+    }
+}
