@@ -36,6 +36,7 @@ mod fixtures;
 mod metrics;
 mod real;
 mod stats;
+mod tier;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -93,6 +94,10 @@ enum Cmd {
     /// Cached reads by new identities: latency with a cold and a warm
     /// authorization decision (--sim only).
     Authz(AuthzArgs),
+    /// Simulated nodes' watch sets against a real kube-apiserver, directly
+    /// and through a tier of proxies: its watches, CPU, memory, events and
+    /// bytes sent, and the relist storm after its restart.
+    Tier(tier::TierArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -359,6 +364,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Idle(a)), _) => idle(&a).await.map(|_| ()),
             (Some(Cmd::Ingest(a)), _) => ingest(&a).map(|_| ()),
             (Some(Cmd::Authz(a)), _) => authz(&a).await.map(|_| ()),
+            (Some(Cmd::Tier(a)), _) => tier::tier(&a).await.map(|_| ()),
             (None, false) => Err(anyhow!(
                 "a subcommand or --self-test is required (see --help)"
             )),
