@@ -179,7 +179,8 @@ async fn consistent_reads_of_a_quiet_resource_are_served_after_a_progress_watch(
     env.sim
         .create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "q"}, "spec": {"containers": []}}))
         .unwrap();
-    let probes = "kube_cache_proxy_cache_consistency_probes_total{group=\"\",resource=\"configmaps\"";
+    let probes =
+        "kube_cache_proxy_cache_consistency_probes_total{group=\"\",resource=\"configmaps\"";
     let from_cache = "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"\",resource=\"configmaps\",source=\"cache\",verb=\"LIST\"}";
     let probes_before = metric(&env, probes).await;
     let started = Instant::now();
