@@ -22,6 +22,10 @@
 //!   before and after (`/proc/<pid>/status`), per watcher.
 //! - `ingest`: N objects ingested into a cache `State` in this process; the
 //!   resident memory added, relative to the objects' JSON size.
+//! - `tier`: N simulated nodes' upstream watch sets against a real
+//!   kube-apiserver, directly and through a tier of proxies: the
+//!   apiserver's watches, CPU, memory, events and bytes sent, and the
+//!   relist storm after its restart (`docs/tier.md`).
 //! - `--self-test`: all of the above, small, against `--sim`.
 //!
 //! Targets: a kubeconfig's server, `--sim` (the simulated apiserver and

@@ -549,6 +549,8 @@ async fn run_on(
             .collect(),
         restart: None,
     };
+    // The steady figures first, in case the restart fails.
+    print_report(&report);
     if let Some(calibration) = calibration {
         report.restart =
             Some(relist_storm(a, cp, admin, &shared, &nodes, total, calibration).await?);
