@@ -240,6 +240,14 @@ impl Conn {
         }
     }
 
+    /// Whether the connection can no longer send requests.
+    pub fn is_closed(&self) -> bool {
+        match self {
+            Conn::H1(s) => s.is_closed(),
+            Conn::H2(s) => s.is_closed(),
+        }
+    }
+
     /// Another handle on the same HTTP/2 connection (`None` for HTTP/1.1).
     pub fn share(&self) -> Option<Conn> {
         match self {

@@ -22,6 +22,10 @@
 //!   before and after (`/proc/<pid>/status`), per watcher.
 //! - `ingest`: N objects ingested into a cache `State` in this process; the
 //!   resident memory added, relative to the objects' JSON size.
+//! - `tier`: N simulated nodes' upstream watch sets against a real
+//!   kube-apiserver, directly and through a tier of proxies: the
+//!   apiserver's watches, CPU, memory, events and bytes sent, and the
+//!   relist storm after its restart (`docs/tier.md`).
 //! - `--self-test`: all of the above, small, against `--sim`.
 //!
 //! Targets: a kubeconfig's server, `--sim` (the simulated apiserver and
@@ -37,6 +41,7 @@ mod hollow;
 mod metrics;
 mod real;
 mod stats;
+mod tier;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -98,6 +103,10 @@ enum Cmd {
     /// A hollow kubelet (kubemark) through the proxy in front of a real
     /// kube-apiserver (kube-testenv), in protobuf or JSON: its CPU.
     Kubelet(hollow::KubeletArgs),
+    /// Simulated nodes' watch sets against a real kube-apiserver, directly
+    /// and through a tier of proxies: its watches, CPU, memory, events and
+    /// bytes sent, and the relist storm after its restart.
+    Tier(tier::TierArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -395,6 +404,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Ingest(a)), _) => ingest(&a).map(|_| ()),
             (Some(Cmd::Authz(a)), _) => authz(&a).await.map(|_| ()),
             (Some(Cmd::Kubelet(a)), _) => hollow::kubelet(&a).await,
+            (Some(Cmd::Tier(a)), _) => tier::tier(&a).await.map(|_| ()),
             (None, false) => Err(anyhow!(
                 "a subcommand or --self-test is required (see --help)"
             )),
