@@ -109,6 +109,7 @@ async fn replays_every_recorded_case_through_the_proxy() {
         namespace: rec["meta"]["namespace"].as_str().unwrap().to_string(),
         continue_token: None,
         list_rvs: BTreeMap::new(),
+        json_only: false,
     };
     replay.seed(&rec);
     let mut served_by_cache = BTreeSet::new();

@@ -32,6 +32,7 @@ async fn replays_every_recorded_case() {
         namespace: rec["meta"]["namespace"].as_str().unwrap().to_string(),
         continue_token: None,
         list_rvs: BTreeMap::new(),
+        json_only: true,
     };
     replay.seed(&rec);
     let cases = rec["cases"].as_array().unwrap();
