@@ -1082,7 +1082,7 @@ fn upstream_status(doing: &str, name: &str, status: StatusCode, body: &[u8]) -> 
     CsrError::Upstream(format!("{doing} CSR {name}: {status}: {message}"))
 }
 
-async fn read_limited(body: hyper::body::Incoming) -> Result<Bytes, CsrError> {
+async fn read_limited(body: crate::upstream::UpstreamBody) -> Result<Bytes, CsrError> {
     Limited::new(body, MAX_BODY_BYTES)
         .collect()
         .await

@@ -157,8 +157,119 @@ struct Site {
 /// HTTP/1.1 upgrade connections, outside the pool).
 #[derive(Clone)]
 struct Transport {
-    pool: Pool,
+    pools: Arc<Pools>,
     tls_h1: Arc<ClientConfig>,
+}
+
+/// Concurrent requests (HTTP/2 streams) one upstream connection carries
+/// before another is opened. kube-apiserver allows 100 concurrent streams
+/// per connection (`--http2-max-streams-per-connection` unset); hyper
+/// queues the streams past a server's limit on the connection, where a
+/// request (a SubjectAccessReview, a lease update) would wait behind
+/// long-lived watches. Go's HTTP/2 transport opens another connection
+/// instead, and so does the proxy.
+const STREAMS_PER_CONNECTION: usize = 90;
+/// Upstream connections per pool at most; past that, requests share the
+/// least-loaded one.
+const MAX_CONNECTIONS: usize = 256;
+
+/// Connection pools, each holding one HTTP/2 connection (or HTTP/1.1
+/// connections), added as the ones before fill up.
+struct Pools {
+    make: Box<dyn Fn() -> Pool + Send + Sync>,
+    slots: RwLock<Vec<Slot>>,
+}
+
+struct Slot {
+    pool: Pool,
+    streams: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One request's share of a pool, released when its response body ends or
+/// is dropped.
+#[derive(Debug)]
+struct StreamGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl Pools {
+    fn new(make: Box<dyn Fn() -> Pool + Send + Sync>) -> Pools {
+        Pools {
+            make,
+            slots: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// A pool with room for one more request, and the request's share.
+    fn checkout(&self) -> (Pool, StreamGuard) {
+        use std::sync::atomic::Ordering;
+        let reserve = |slot: &Slot| {
+            slot.streams
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < STREAMS_PER_CONNECTION).then_some(n + 1)
+                })
+                .is_ok()
+                .then(|| (slot.pool.clone(), StreamGuard(slot.streams.clone())))
+        };
+        if let Some(found) = self.slots.read().iter().find_map(reserve) {
+            return found;
+        }
+        let mut slots = self.slots.write();
+        if let Some(found) = slots.iter().find_map(reserve) {
+            return found;
+        }
+        if slots.len() >= MAX_CONNECTIONS
+            && let Some(least) = slots
+                .iter()
+                .min_by_key(|s| s.streams.load(Ordering::Acquire))
+        {
+            least.streams.fetch_add(1, Ordering::AcqRel);
+            return (least.pool.clone(), StreamGuard(least.streams.clone()));
+        }
+        let slot = Slot {
+            pool: (self.make)(),
+            streams: Arc::new(std::sync::atomic::AtomicUsize::new(1)),
+        };
+        let found = (slot.pool.clone(), StreamGuard(slot.streams.clone()));
+        slots.push(slot);
+        found
+    }
+}
+
+/// A response body from upstream; its request's share of the connection
+/// is released when it ends or is dropped.
+#[derive(Debug)]
+pub struct UpstreamBody {
+    inner: Incoming,
+    stream: Option<StreamGuard>,
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            self.stream = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The proxy's client certificate and key files, and what they looked like
@@ -339,7 +450,7 @@ impl Upstream {
     }
 
     /// Counts the outcome of a request to the primary.
-    fn record(&self, site: usize, result: &Result<Response<Incoming>, UpstreamError>) {
+    fn record<B>(&self, site: usize, result: &Result<Response<B>, UpstreamError>) {
         if site != 0 || self.sites.len() < 2 {
             return;
         }
@@ -480,7 +591,7 @@ impl Upstream {
         &self,
         mut req: Request<Body>,
         credentials: Credentials,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let site = self.retarget(&mut req)?;
         let result = self.sites[site].send(req, credentials).await;
         self.record(site, &result);
@@ -727,18 +838,22 @@ impl Site {
         &self,
         mut req: Request<Body>,
         credentials: Credentials,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         if credentials == Credentials::Proxy {
             self.authorize(req.headers_mut()).await?;
         }
-        let pool = self.transport(credentials).pool;
-        pool.request(req).await.map_err(|e| {
+        let (pool, stream) = self.transport(credentials).pools.checkout();
+        let resp = pool.request(req).await.map_err(|e| {
             if e.is_connect() {
                 UpstreamError::Connect(error_chain(&e))
             } else {
                 UpstreamError::Request(error_chain(&e))
             }
-        })
+        })?;
+        Ok(resp.map(|inner| UpstreamBody {
+            inner,
+            stream: Some(stream),
+        }))
     }
 
     /// Sets the proxy's `Authorization` header (a no-op when it
@@ -862,18 +977,21 @@ impl Transport {
             inner: https,
             timeout: connect_timeout,
         };
-        let pool = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(idle_timeout)
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            // A hung apiserver (or a black-holed path) is noticed within
-            // 2 × KEEPALIVE: its watches, pass-through requests and probes
-            // on the connection fail and are retried elsewhere.
-            .http2_keep_alive_interval(Some(KEEPALIVE))
-            .http2_keep_alive_timeout(KEEPALIVE)
-            .timer(hyper_util::rt::TokioTimer::new())
-            .build(connector);
+        // Each pool made holds its own connection (see `Pools`).
+        let make = move || {
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(idle_timeout)
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                // A hung apiserver (or a black-holed path) is noticed within
+                // 2 × KEEPALIVE: its watches, pass-through requests and
+                // probes on the connection fail and are retried elsewhere.
+                .http2_keep_alive_interval(Some(KEEPALIVE))
+                .http2_keep_alive_timeout(KEEPALIVE)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .build(connector.clone())
+        };
         Transport {
-            pool,
+            pools: Arc::new(Pools::new(Box::new(make))),
             tls_h1: Arc::new(tls_h1),
         }
     }

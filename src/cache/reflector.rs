@@ -18,13 +18,13 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::upstream::UpstreamBody;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::BytesMut;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
@@ -536,7 +536,7 @@ async fn get(
     upstream: &Upstream,
     path_and_query: &str,
     reads_as: Option<&http::HeaderValue>,
-) -> Result<http::Response<Incoming>, ReflectorError> {
+) -> Result<http::Response<UpstreamBody>, ReflectorError> {
     let mut req = upstream
         .own_request(Method::GET, path_and_query, None)
         .map_err(|e| ReflectorError::Upstream(e.to_string()))?;
@@ -561,7 +561,7 @@ async fn get(
     Err(ReflectorError::Status { status, message })
 }
 
-async fn read_body(resp: http::Response<Incoming>) -> Result<bytes::Bytes, ReflectorError> {
+async fn read_body(resp: http::Response<UpstreamBody>) -> Result<bytes::Bytes, ReflectorError> {
     Limited::new(resp.into_body(), MAX_LIST_PAGE_BYTES)
         .collect()
         .await
