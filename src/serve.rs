@@ -36,8 +36,13 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// included: kube-apiserver's `ReadHeaderTimeout` (32 s) closes a
 /// connection that sends nothing.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(32);
-/// Concurrent HTTP/2 streams per client connection, like kube-apiserver's
-/// default `--http2-max-streams-per-connection`.
+/// Concurrent HTTP/2 streams per client connection: 1000, as the
+/// apiserver library recommends for servers whose clients multiplex many
+/// watches on one connection (`RecommendedOptions`, aggregated
+/// apiservers). kube-apiserver itself allows 100 when
+/// `--http2-max-streams-per-connection` is unset; Go clients open another
+/// connection past either limit, and so does the proxy upstream
+/// (`upstream.rs`).
 const MAX_CONCURRENT_STREAMS: u32 = 1000;
 /// How often an HTTP/2 connection checks whether it has been idle for
 /// [`crate::conns::H2_IDLE_TIMEOUT`].
