@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use kube_testenv::{ControlPlane, Morph};
 use serde_json::{Value, json};
-use support::real::{RealEnv, eventually, metric_sum};
+use support::real::{RealEnv, eventually, metric_by_resource, metric_sum};
 
 const NODE: &str = "hollow-1";
 const PODS: usize = 10;
@@ -48,49 +48,18 @@ fn requests(metrics: &str, verb: &str, resource: &str, source: &str) -> f64 {
 
 /// `kube_cache_proxy_upstream_watches` (every kind) by resource.
 fn upstream_watches(metrics: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("kube_cache_proxy_upstream_watches{") else {
-            continue;
-        };
-        let labels = rest.split('}').next().unwrap_or_default();
-        let resource = labels
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("resource=\""))
-            .map(|r| r.trim_end_matches('"').to_string())
-            .unwrap_or_default();
-        let value: f64 = line
-            .rsplit_once(' ')
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or_default();
-        *out.entry(resource).or_default() += value;
-    }
+    let mut out = metric_by_resource(metrics, "kube_cache_proxy_upstream_watches", &[]);
     out.retain(|_, v| *v != 0.0);
     out
 }
 
 /// `apiserver_longrunning_requests{verb="WATCH"}` by resource.
 fn apiserver_watches(metrics: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_longrunning_requests{") else {
-            continue;
-        };
-        if !rest.contains("verb=\"WATCH\"") {
-            continue;
-        }
-        let resource = rest
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("resource=\""))
-            .map(|r| r.trim_end_matches('"').to_string())
-            .unwrap_or_default();
-        let value: f64 = line
-            .rsplit_once(' ')
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or_default();
-        *out.entry(resource).or_default() += value;
-    }
-    out
+    metric_by_resource(
+        metrics,
+        "apiserver_longrunning_requests",
+        &[("verb", "WATCH")],
+    )
 }
 
 fn condition_true(obj: &Value, kind: &str) -> bool {

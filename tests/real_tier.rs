@@ -30,53 +30,21 @@ use kube_cache_proxy::pki::Ca;
 use kube_testenv::{ControlPlane, Morph};
 use serde_json::{Value, json};
 use support::env::{Running, tempdir};
-use support::real::{eventually, metric_sum};
+use support::real::{eventually, metric_by_resource, metric_sum};
 use support::{Auth, Client};
 
 /// The apiserver's open watches by resource.
 fn apiserver_watches(metrics: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_longrunning_requests{") else {
-            continue;
-        };
-        if !rest.contains("verb=\"WATCH\"") {
-            continue;
-        }
-        let resource = rest
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("resource=\""))
-            .map(|r| r.trim_end_matches('"').to_string())
-            .unwrap_or_default();
-        let value: f64 = line
-            .rsplit_once(' ')
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or_default();
-        *out.entry(resource).or_default() += value;
-    }
-    out
+    metric_by_resource(
+        metrics,
+        "apiserver_longrunning_requests",
+        &[("verb", "WATCH")],
+    )
 }
 
 /// `kube_cache_proxy_upstream_watches` (every kind) by resource.
 fn proxy_upstream_watches(metrics: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("kube_cache_proxy_upstream_watches{") else {
-            continue;
-        };
-        let labels = rest.split('}').next().unwrap_or_default();
-        let resource = labels
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("resource=\""))
-            .map(|r| r.trim_end_matches('"').to_string())
-            .unwrap_or_default();
-        let value: f64 = line
-            .rsplit_once(' ')
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or_default();
-        *out.entry(resource).or_default() += value;
-    }
-    out
+    metric_by_resource(metrics, "kube_cache_proxy_upstream_watches", &[])
 }
 
 fn condition_true(obj: &Value, kind: &str) -> bool {

@@ -275,12 +275,16 @@ where
     }
 }
 
-/// The sum of a metric's samples whose labels include every `label=value`
-/// pair in `labels` (Prometheus text format).
-pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+/// A metric's samples whose labels include every `label=value` pair in
+/// `labels` (Prometheus text format): their labels and values.
+fn samples<'t>(
+    text: &'t str,
+    name: &'t str,
+    labels: &'t [(&str, &str)],
+) -> impl Iterator<Item = (&'t str, f64)> + 't {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
+        .filter_map(move |l| {
             let (series, value) = l.rsplit_once(' ')?;
             let (n, rest) = match series.split_once('{') {
                 Some((n, rest)) => (n, rest.trim_end_matches('}')),
@@ -292,9 +296,34 @@ pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
             let matches = labels
                 .iter()
                 .all(|(k, v)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
-            matches.then(|| value.parse::<f64>().ok()).flatten()
+            matches
+                .then(|| Some((rest, value.parse::<f64>().ok()?)))
+                .flatten()
         })
-        .sum()
+}
+
+/// The sum of a metric's samples whose labels include every `label=value`
+/// pair in `labels` (Prometheus text format).
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(text, name, labels).map(|(_, v)| v).sum()
+}
+
+/// Like [`metric_sum`], summed per value of the `resource` label.
+pub fn metric_by_resource(
+    text: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (series, value) in samples(text, name, labels) {
+        let resource = series
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("resource=\""))
+            .map(|r| r.trim_end_matches('"').to_string())
+            .unwrap_or_default();
+        *out.entry(resource).or_default() += value;
+    }
+    out
 }
 
 /// A response's body as JSON, or `Value::Null` when it is not JSON.
