@@ -18,6 +18,8 @@ pub const EVENT_TYPES: &[&str] = &["ADDED", "MODIFIED", "DELETED", "BOOKMARK"];
 pub const TERMINATION_REASONS: &[&str] = &["slow", "history_overrun", "reset"];
 /// `kind` values of `cache_read_wait_seconds`.
 pub const READ_WAIT_KINDS: &[&str] = &["consistent", "not_older_than", "ready"];
+/// `result` values of `cache_compaction_probes_total`.
+const COMPACTION_PROBE_RESULTS: [&str; 3] = ["alive", "compacted", "error"];
 /// `result` values of `cache_consistency_probes_total`.
 pub const PROBE_RESULTS: &[&str] = &["ok", "error"];
 /// `verb` values of `cache_reads_total`, as kube-apiserver names them.
@@ -80,6 +82,7 @@ pub struct CacheMetrics {
     read_wait: HistogramVec,
     reads: IntCounterVec,
     consistency_probes: IntCounterVec,
+    compaction_probes: IntCounterVec,
     progress_watches: IntCounterVec,
     snapshots: IntCounterVec,
     snapshot_bytes: IntGaugeVec,
@@ -160,6 +163,7 @@ impl CacheMetrics {
             )?,
             reads: counter("cache_reads_total", "Reads of cached resources, by verb (GET|LIST|WATCH) and how they were answered (cache|upstream) and why (snake_case reason).", &["verb", "source", "reason"])?,
             consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes for consistent reads, by result (ok|error).", &["result"])?,
+            compaction_probes: counter("cache_compaction_probes_total", "Upstream probes of whether a resourceVersion an exact read asks for is compacted (a limit=1 list with resourceVersionMatch=Exact), by result (alive|compacted|error).", &["result"])?,
             progress_watches: counter("cache_progress_watches_total", "Short upstream watches opened to learn the cache is fresh.", &[])?,
             snapshots: counter("cache_snapshots_total", "Cache snapshots on disk, by operation (load|save) and result (load: loaded|absent|discarded|error; save: saved|too_large|error).", &["operation", "result"])?,
             snapshot_bytes: gauge("cache_snapshot_bytes", "Size of the resource's snapshot on disk, in bytes (0: none).")?,
@@ -187,6 +191,7 @@ impl CacheMetrics {
         registry.register(Box::new(m.read_wait.clone()))?;
         registry.register(Box::new(m.reads.clone()))?;
         registry.register(Box::new(m.consistency_probes.clone()))?;
+        registry.register(Box::new(m.compaction_probes.clone()))?;
         registry.register(Box::new(m.progress_watches.clone()))?;
         registry.register(Box::new(m.snapshots.clone()))?;
         registry.register(Box::new(m.snapshot_bytes.clone()))?;
@@ -216,6 +221,9 @@ impl CacheMetrics {
         }
         for result in PROBE_RESULTS {
             self.consistency_probes.with_label_values(&l3(result));
+        }
+        for result in COMPACTION_PROBE_RESULTS {
+            self.compaction_probes.with_label_values(&l3(result));
         }
         for verb in READ_VERBS {
             self.reads
@@ -339,6 +347,14 @@ impl ResourceMetrics {
             .with_label_values(&self.l3(kind));
         gauge.inc();
         UpstreamWatch(gauge)
+    }
+
+    /// Counts a compaction probe.
+    pub fn compaction_probe(&self, result: &str) {
+        self.families
+            .compaction_probes
+            .with_label_values(&self.l3(result))
+            .inc();
     }
 
     /// Counts a consistency probe.

@@ -2,6 +2,7 @@
 //! and recent events fed by one upstream list+watch, answering list, get
 //! and watch exactly as kube-apiserver would (see [`serve`]).
 
+pub mod compaction;
 pub mod continue_token;
 pub mod encode;
 pub mod event;

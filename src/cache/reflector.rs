@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::ready::Readiness;
 use crate::upstream::{Credentials, Upstream, error_chain};
 
+use super::compaction::Verdict;
 use super::event::EventType;
 use super::object::CachedObject;
 use super::persist::Snapshots;
@@ -567,6 +568,45 @@ async fn read_body(resp: http::Response<UpstreamBody>) -> Result<bytes::Bytes, R
         .await
         .map(|c| c.to_bytes())
         .map_err(|e| ReflectorError::Upstream(e.to_string()))
+}
+
+/// Whether upstream still serves reads at exactly `rv`: a `limit=1` list
+/// with `resourceVersionMatch=Exact`, answered `200` (alive) or `410`
+/// (compacted) from the apiserver's watch cache snapshot or one key of
+/// etcd (`compaction.rs`).
+pub fn probe_compaction(
+    upstream: Upstream,
+    info: &ResourceInfo,
+    rv: u64,
+) -> BoxFuture<'static, Result<Verdict, String>> {
+    let mut q = format!(
+        "{}?limit=1&resourceVersion={rv}&resourceVersionMatch=Exact",
+        info.collection_path()
+    );
+    if !info.scope.is_empty() {
+        q.push_str("&fieldSelector=");
+        q.push_str(
+            &percent_encoding::utf8_percent_encode(&info.scope.to_string(), QUERY).to_string(),
+        );
+    }
+    let reads_as = info.reads_as.clone();
+    let probe = async move {
+        match get(&upstream, &q, reads_as.as_ref()).await {
+            Ok(resp) => {
+                // Read to the end, so the connection is reused.
+                read_body(resp).await.map_err(|e| e.to_string())?;
+                Ok(Verdict::Alive)
+            }
+            Err(ReflectorError::Expired(_)) => Ok(Verdict::Compacted),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    async move {
+        tokio::time::timeout(PROBE_TIMEOUT, probe)
+            .await
+            .map_err(|_| format!("no answer in {PROBE_TIMEOUT:?}"))?
+    }
+    .boxed()
 }
 
 /// Upstream's current resourceVersion: a `limit=1` list, which on

@@ -16,6 +16,7 @@ use tokio::sync::{Notify, watch};
 use crate::resource::{FieldSet, Gvr};
 use crate::selector::FieldSelector;
 
+use super::compaction::{Compaction, Known, Verdict};
 use super::encode::{self, ProtoCodec};
 use super::event::EventType;
 use super::metrics::ResourceMetrics;
@@ -102,6 +103,8 @@ pub struct ResourceCache {
     bookmark_template: Mutex<Option<Value>>,
     snapshots: moka::sync::Cache<u64, Objects>,
     probe: Mutex<ProbeSlot>,
+    /// What is known of upstream's compaction (`compaction.rs`).
+    compaction: Mutex<Compaction>,
     /// When a probe last found the cache behind upstream, while it is.
     behind_since: Mutex<Option<Instant>>,
     /// Since when upstream could not be watched, if it cannot.
@@ -145,6 +148,7 @@ impl ResourceCache {
                 .time_to_live(Duration::from_secs(60))
                 .build(),
             probe: Mutex::new(ProbeSlot::default()),
+            compaction: Mutex::new(Compaction::default()),
             upstream_down_since: Mutex::new(None),
             metrics,
         }
@@ -396,6 +400,50 @@ impl ResourceCache {
             .boxed()
         });
         probe.await
+    }
+}
+
+impl ResourceCache {
+    /// Whether upstream still serves reads at exactly `rv` (it has not
+    /// compacted it), from what earlier probes proved or a new one
+    /// (`start_probe(rv)`, shared with concurrent reads it covers); see
+    /// `compaction.rs`.
+    ///
+    /// # Errors
+    /// The probe's failure, as text.
+    pub async fn revision_alive(
+        &self,
+        rv: u64,
+        start_probe: impl FnOnce(u64) -> BoxFuture<'static, Result<Verdict, String>>,
+    ) -> Result<Verdict, String> {
+        let started = Instant::now();
+        let metrics = self.metrics.clone();
+        let known = self.compaction.lock().check(rv, started, move |rv| {
+            let probe = start_probe(rv);
+            async move {
+                let result = probe.await;
+                metrics.compaction_probe(match &result {
+                    Ok(Verdict::Alive) => "alive",
+                    Ok(Verdict::Compacted) => "compacted",
+                    Err(_) => "error",
+                });
+                result
+            }
+            .boxed()
+        });
+        match known {
+            Known::Now(v) => Ok(v),
+            Known::Wait(probed, probe) => {
+                let verdict = probe.await?;
+                self.compaction.lock().record(probed, started, verdict);
+                Ok(verdict)
+            }
+        }
+    }
+
+    /// Every revision at or below this is known to be compacted upstream.
+    pub fn compacted(&self) -> u64 {
+        self.compaction.lock().compacted()
     }
 }
 

@@ -9,7 +9,7 @@
 //! | RV unset (consistent) | after reaching upstream's current RV (see below), else pass through |
 //! | RV `0` | at once, from the current state (a list ignores `limit`) |
 //! | RV `N`, NotOlderThan | once the cache RV ≥ N; after 3 s, `504` with `Retry-After` |
-//! | RV `N`, Exact (or `limit` with RV `N`) | the state at N rebuilt from history; older than history: pass through |
+//! | RV `N`, Exact (or `limit` with RV `N`) | the state at N rebuilt from history; older than history, or compacted upstream (`compaction.rs`): pass through |
 //! | `continue` | the page at the token's RV, as above |
 //! | watch from `N` | history after N; older than history: pass through (upstream replays or answers `410`) |
 //! | watch, `sendInitialEvents` | snapshot, `k8s.io/initial-events-end` bookmark, changes |
@@ -55,13 +55,14 @@ use crate::request::RequestInfo;
 use crate::status::Status;
 use crate::upstream::Upstream;
 
+use super::compaction::Verdict;
 use super::continue_token;
 use super::encode;
 use super::filter::Filter;
 use super::list;
 use super::negotiate::{Encoding, ErrorEncoding, Negotiated, Verb, negotiate};
 use super::query::{self, ListOptions, Match, QueryError};
-use super::reflector::probe_rv;
+use super::reflector::{probe_compaction, probe_rv};
 use super::resource::ResourceCache;
 use super::store::Start;
 use super::watcher::{self, WatchParams};
@@ -79,11 +80,22 @@ pub const PROBE_FAILED: &str = "probe failed";
 /// fresh in time.
 pub const NOT_FRESH: &str = "not fresh";
 
+/// Why a read at an exact resourceVersion passes through when upstream
+/// has compacted it (the apiserver answers `410 Expired` itself).
+pub const COMPACTED: &str = "compacted";
+
 /// Whether a watch passed through for `reason` is one the cache could
 /// serve a moment later (so it should not stay upstream for its whole
 /// life): see `handler::catch_up_only`.
 pub fn is_transient(reason: &str) -> bool {
-    [OLDER_THAN_THE_CACHE, NOT_READY, PROBE_FAILED, NOT_FRESH].contains(&reason)
+    [
+        OLDER_THAN_THE_CACHE,
+        NOT_READY,
+        PROBE_FAILED,
+        NOT_FRESH,
+        COMPACTED,
+    ]
+    .contains(&reason)
 }
 
 /// The cache's decision on a read.
@@ -394,7 +406,17 @@ async fn serve_list(
         // The apiserver's cache ignores `limit` for RV "0", continued or not
         // (`computeListLimit` in staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go).
         let limit = if rv_param == Some("0") { 0 } else { opts.limit };
-        return exact_list(cache, &filter, &prefix, Some(&token.start), limit, rv, neg).await;
+        return exact_list(
+            cache,
+            upstream,
+            &filter,
+            &prefix,
+            Some(&token.start),
+            limit,
+            rv,
+            neg,
+        )
+        .await;
     }
 
     let parsed = match rv_param.map(query::parse_resource_version).transpose() {
@@ -410,7 +432,7 @@ async fn serve_list(
         opts.resource_version_match.is_none() && opts.limit > 0 && parsed.is_some_and(|rv| rv > 0);
     match (parsed, opts.resource_version_match) {
         (Some(rv), m) if m == Some(Match::Exact) || legacy_exact => {
-            return exact_list(cache, &filter, &prefix, None, opts.limit, rv, neg).await;
+            return exact_list(cache, upstream, &filter, &prefix, None, opts.limit, rv, neg).await;
         }
         (None, _) => {
             if let Err(a) = consistent(
@@ -448,9 +470,13 @@ fn list_answer(cache: &ResourceCache, page: list::Page, rv: u64, neg: Negotiated
     }
 }
 
-/// A list at exactly `rv` (Exact, legacy exact, or continued).
+/// A list at exactly `rv` (Exact, legacy exact, or continued): from the
+/// state rebuilt from history, unless upstream has compacted `rv`, when
+/// the apiserver answers `410 Expired` (`compaction.rs`).
+#[allow(clippy::too_many_arguments)]
 async fn exact_list(
     cache: &Arc<ResourceCache>,
+    upstream: &Upstream,
     filter: &Filter,
     prefix: &str,
     start: Option<&str>,
@@ -463,11 +489,39 @@ async fn exact_list(
     {
         return status(s, neg);
     }
+    if rv < cache.lock().floor() {
+        return Answer::PassThrough(OLDER_THAN_THE_CACHE);
+    }
+    if let Err(a) = not_compacted(cache, upstream, rv).await {
+        return a;
+    }
     let Some(objects) = cache.snapshot_at(rv) else {
         return Answer::PassThrough(OLDER_THAN_THE_CACHE);
     };
     let page = list::select(&objects, filter, prefix, start, limit, rv);
     list_answer(cache, page, rv, neg)
+}
+
+/// Declines a read at exactly `rv` that upstream has compacted. While
+/// upstream cannot be asked (down, or the probe failed), the state the
+/// cache rebuilds at `rv` is still exact, so it is served: the apiserver,
+/// if it answered, could only refuse it.
+async fn not_compacted(cache: &ResourceCache, upstream: &Upstream, rv: u64) -> Result<(), Answer> {
+    if rv <= cache.compacted() {
+        return Err(Answer::PassThrough(COMPACTED));
+    }
+    if cache.upstream_down_since().is_some() {
+        return Ok(());
+    }
+    let info = cache.info().clone();
+    let upstream = upstream.clone();
+    match cache
+        .revision_alive(rv, move |rv| probe_compaction(upstream, &info, rv))
+        .await
+    {
+        Ok(Verdict::Compacted) => Err(Answer::PassThrough(COMPACTED)),
+        Ok(Verdict::Alive) | Err(_) => Ok(()),
+    }
 }
 
 async fn serve_watch(
@@ -523,6 +577,11 @@ async fn serve_watch(
     }
     let start = match (initial, parsed) {
         (true, _) => Start::Snapshot,
+        // A watch from a revision a probe found compacted: the apiserver
+        // decides, from its own watch cache's window (`compaction.rs`).
+        (false, Some(rv)) if rv > 0 && rv <= cache.compacted() => {
+            return Answer::PassThrough(COMPACTED);
+        }
         (false, Some(rv)) if rv > 0 => Start::After(rv),
         // sendInitialEvents=false from "now".
         (false, _) => Start::After(cache.rv()),

@@ -69,13 +69,23 @@ impl RealEnv {
     /// `customize`.
     pub async fn start_with(customize: impl FnOnce(&mut Config)) -> Option<RealEnv> {
         let cp = ControlPlane::shared().await?;
+        Some(RealEnv::start_on(cp, customize).await)
+    }
+
+    /// A proxy with the test configuration, adjusted by `customize`, in
+    /// front of `cp` (a control plane started with other options than the
+    /// shared one).
+    pub async fn start_on(
+        cp: &'static ControlPlane,
+        customize: impl FnOnce(&mut Config),
+    ) -> RealEnv {
         let dir = tempdir();
         let proxy_ca = Ca::new("kube-cache-proxy-test-ca").unwrap();
         let mut config = proxy_config(cp, &dir, &proxy_ca);
         customize(&mut config);
         let running = Running::start(&config).await;
         running.ready().await;
-        Some(RealEnv {
+        RealEnv {
             cp,
             dir,
             proxy_url: running.url.clone(),
@@ -83,7 +93,7 @@ impl RealEnv {
             proxy_ca,
             config,
             running,
-        })
+        }
     }
 
     /// `CN=admin, O=system:masters`.

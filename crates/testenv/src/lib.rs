@@ -110,21 +110,29 @@ impl ControlPlane {
     /// # Panics
     /// When the binaries are present but the control plane fails to start:
     /// that is a failure, not a skip.
-    #[allow(clippy::panic)]
     pub async fn shared() -> Option<&'static ControlPlane> {
         SHARED
-            .get_or_init(|| async {
-                match ControlPlane::start(Options::default()).await {
-                    Ok(cp) => Some(cp),
-                    Err(Error::Assets(e @ AssetsError::Absent { .. })) => {
-                        eprintln!("kube-testenv: skipping the real control-plane tests: {e}");
-                        None
-                    }
-                    Err(e) => panic!("kube-testenv: starting the control plane: {e}"),
-                }
-            })
+            .get_or_init(|| ControlPlane::start_or_skip(Options::default()))
             .await
             .as_ref()
+    }
+
+    /// Starts a control plane with `options`, or returns `None` (after
+    /// printing why) where no binaries are available, for a test binary
+    /// that needs other options than [`ControlPlane::shared`]'s.
+    ///
+    /// # Panics
+    /// When the binaries are present but the control plane fails to start.
+    #[allow(clippy::panic)]
+    pub async fn start_or_skip(options: Options) -> Option<ControlPlane> {
+        match ControlPlane::start(options).await {
+            Ok(cp) => Some(cp),
+            Err(Error::Assets(e @ AssetsError::Absent { .. })) => {
+                eprintln!("kube-testenv: skipping the real control-plane tests: {e}");
+                None
+            }
+            Err(e) => panic!("kube-testenv: starting the control plane: {e}"),
+        }
     }
 
     /// Starts etcd and kube-apiserver and waits until the apiserver is
