@@ -281,6 +281,36 @@ pub struct CacheConfig {
     /// Snapshots of the cache on the node's disk, so a restarted proxy
     /// resumes instead of relisting.
     pub persistence: PersistenceConfig,
+    /// The periodic check that each cache holds what upstream holds at
+    /// the same resourceVersion, and its healing relist.
+    pub consistency_check: ConsistencyCheckConfig,
+}
+
+/// The consistency checker (`cache/checker.rs`), after kube-apiserver's
+/// (`DetectCacheInconsistency`, `staging/src/k8s.io/apiserver/pkg/storage/
+/// cacher/delegator.go`): per cached resource, every `periodSeconds` to
+/// 1.5 × that after the previous check ended, a metadata-only list of the
+/// resource upstream at exactly the cache's resourceVersion, in pages of
+/// `pageSize`, compared with the cache by namespace, name and
+/// resourceVersion. A mismatch logs the first differing object and relists
+/// the resource; watchers see the difference as ordinary events.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ConsistencyCheckConfig {
+    /// Seconds between checks of one resource (plus up to 50 % jitter).
+    /// Default 300, as kube-apiserver's. 0 disables the checker.
+    pub period_seconds: u64,
+    /// Objects per upstream list page. Default 500.
+    pub page_size: u32,
+}
+
+impl Default for ConsistencyCheckConfig {
+    fn default() -> Self {
+        ConsistencyCheckConfig {
+            period_seconds: 300,
+            page_size: 500,
+        }
+    }
 }
 
 /// Cache snapshots on disk (`cache/persist.rs`): written periodically, at
@@ -378,6 +408,7 @@ impl Default for CacheConfig {
             not_older_than_wait_milliseconds: 3000,
             ready_wait_milliseconds: 2000,
             persistence: PersistenceConfig::default(),
+            consistency_check: ConsistencyCheckConfig::default(),
         }
     }
 }
@@ -411,6 +442,12 @@ impl CacheConfig {
         if self.min_request_timeout_seconds == 0 {
             return Err(ConfigError::invalid(
                 "cache.minRequestTimeoutSeconds",
+                "must be at least 1",
+            ));
+        }
+        if self.consistency_check.page_size == 0 {
+            return Err(ConfigError::invalid(
+                "cache.consistencyCheck.pageSize",
                 "must be at least 1",
             ));
         }

@@ -389,7 +389,13 @@ pub async fn run(
         })?;
     let caches = cache::Caches::new(&cache_config, &config.node_name, &identity, &cache_metrics)?;
     let snapshots = snapshots(&config.cache.persistence, &kube_config);
-    caches.spawn_reflectors(&upstream, &readiness, snapshots.as_ref(), &token);
+    caches.spawn_reflectors(
+        &upstream,
+        &readiness,
+        snapshots.as_ref(),
+        &config.cache.consistency_check,
+        &token,
+    );
     let persister = snapshots.map(|s| {
         Arc::new(cache::persist::Persister::new(
             s,

@@ -18,6 +18,9 @@ use kube_cache_proxy::{Listeners, RunError};
 const EXIT_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    // Test builds only: fault injection points named in FAILPOINTS.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

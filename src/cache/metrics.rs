@@ -11,13 +11,17 @@ use prometheus::{
 const NS: &str = "kube_cache_proxy";
 
 /// `reason` values of `upstream_watch_restarts_total`.
-pub const WATCH_RESTART_REASONS: &[&str] = &["closed", "error", "expired"];
+pub const WATCH_RESTART_REASONS: &[&str] = &["closed", "error", "expired", "heal"];
 /// `type` values of `cache_events_received_total`: the watch event types.
 pub const EVENT_TYPES: &[&str] = &["ADDED", "MODIFIED", "DELETED", "BOOKMARK"];
 /// `reason` values of `cache_watchers_terminated_total`.
 pub const TERMINATION_REASONS: &[&str] = &["slow", "history_overrun", "reset"];
 /// `kind` values of `cache_read_wait_seconds`.
-pub const READ_WAIT_KINDS: &[&str] = &["consistent", "not_older_than", "ready"];
+pub const READ_WAIT_KINDS: &[&str] =
+    &["consistent", "not_older_than", "ready", "consistency_check"];
+/// `status` values of `consistency_checks_total`, as kube-apiserver's
+/// `apiserver_storage_consistency_checks_total`.
+const CONSISTENCY_CHECK_STATUSES: [&str; 3] = ["success", "failure", "error"];
 /// `result` values of `cache_compaction_probes_total`.
 const COMPACTION_PROBE_RESULTS: [&str; 3] = ["alive", "compacted", "error"];
 /// `result` values of `cache_consistency_probes_total`.
@@ -83,6 +87,8 @@ pub struct CacheMetrics {
     reads: IntCounterVec,
     consistency_probes: IntCounterVec,
     compaction_probes: IntCounterVec,
+    consistency_checks: IntCounterVec,
+    consistency_check_seconds: HistogramVec,
     progress_watches: IntCounterVec,
     snapshots: IntCounterVec,
     snapshot_bytes: IntGaugeVec,
@@ -150,13 +156,13 @@ impl CacheMetrics {
             history: gauge("cache_history_events", "Events in the watch cache's history.")?,
             resource_version: gauge("cache_resource_version", "The watch cache's resourceVersion (newest event or bookmark applied).")?,
             relists: counter("upstream_relists_total", "Upstream lists (the first, and relists after 410 Gone).", &[])?,
-            watch_restarts: counter("upstream_watch_restarts_total", "Upstream watches restarted, by reason (closed|error|expired).", &["reason"])?,
+            watch_restarts: counter("upstream_watch_restarts_total", "Upstream watches restarted, by reason (closed|error|expired|heal).", &["reason"])?,
             watchers: gauge("cache_watchers", "Open watches served from the cache.")?,
             events_received: counter("cache_events_received_total", "Events received from upstream, by type.", &["type"])?,
             events_dispatched: counter("cache_events_dispatched_total", "Event frames queued to watchers (one per watcher an event reaches).", &[])?,
             watchers_terminated: counter("cache_watchers_terminated_total", "Watchers closed by the cache, by reason (slow|history_overrun|reset).", &["reason"])?,
             read_wait: HistogramVec::new(
-                HistogramOpts::new("cache_read_wait_seconds", "Time reads waited for the cache to be fresh or ready, in seconds, by kind (consistent|not_older_than|ready).")
+                HistogramOpts::new("cache_read_wait_seconds", "Time reads waited for the cache to be fresh or ready, in seconds, by kind (consistent|not_older_than|ready|consistency_check).")
                     .namespace(NS)
                     .buckets(vec![0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0]),
                 &["group", "resource", "kind"],
@@ -164,6 +170,13 @@ impl CacheMetrics {
             reads: counter("cache_reads_total", "Reads of cached resources, by verb (GET|LIST|WATCH) and how they were answered (cache|upstream) and why (snake_case reason).", &["verb", "source", "reason"])?,
             consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes for consistent reads, by result (ok|error).", &["result"])?,
             compaction_probes: counter("cache_compaction_probes_total", "Upstream probes of whether a resourceVersion an exact read asks for is compacted (a limit=1 list with resourceVersionMatch=Exact), by result (alive|compacted|error).", &["result"])?,
+            consistency_checks: counter("consistency_checks_total", "Consistency checks of the cache against upstream at the cache's resourceVersion, by status (success|failure|error); a failure relists the resource.", &["status"])?,
+            consistency_check_seconds: HistogramVec::new(
+                HistogramOpts::new("consistency_check_duration_seconds", "Time a consistency check took (its upstream list pages and the comparison), in seconds.")
+                    .namespace(NS)
+                    .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+                &["group", "resource"],
+            )?,
             progress_watches: counter("cache_progress_watches_total", "Short upstream watches opened to learn the cache is fresh.", &[])?,
             snapshots: counter("cache_snapshots_total", "Cache snapshots on disk, by operation (load|save) and result (load: loaded|absent|discarded|error; save: saved|too_large|error).", &["operation", "result"])?,
             snapshot_bytes: gauge("cache_snapshot_bytes", "Size of the resource's snapshot on disk, in bytes (0: none).")?,
@@ -192,6 +205,8 @@ impl CacheMetrics {
         registry.register(Box::new(m.reads.clone()))?;
         registry.register(Box::new(m.consistency_probes.clone()))?;
         registry.register(Box::new(m.compaction_probes.clone()))?;
+        registry.register(Box::new(m.consistency_checks.clone()))?;
+        registry.register(Box::new(m.consistency_check_seconds.clone()))?;
         registry.register(Box::new(m.progress_watches.clone()))?;
         registry.register(Box::new(m.snapshots.clone()))?;
         registry.register(Box::new(m.snapshot_bytes.clone()))?;
@@ -225,6 +240,10 @@ impl CacheMetrics {
         for result in COMPACTION_PROBE_RESULTS {
             self.compaction_probes.with_label_values(&l3(result));
         }
+        for status in CONSISTENCY_CHECK_STATUSES {
+            self.consistency_checks.with_label_values(&l3(status));
+        }
+        self.consistency_check_seconds.with_label_values(&l);
         for verb in READ_VERBS {
             self.reads
                 .with_label_values(&[group, resource, verb, "cache", ""]);
@@ -347,6 +366,18 @@ impl ResourceMetrics {
             .with_label_values(&self.l3(kind));
         gauge.inc();
         UpstreamWatch(gauge)
+    }
+
+    /// Counts a consistency check that took `seconds`.
+    pub fn consistency_check(&self, status: &str, seconds: f64) {
+        self.families
+            .consistency_checks
+            .with_label_values(&self.l3(status))
+            .inc();
+        self.families
+            .consistency_check_seconds
+            .with_label_values(&[&self.group, &self.resource])
+            .observe(seconds);
     }
 
     /// Counts a compaction probe.

@@ -2,6 +2,7 @@
 //! and recent events fed by one upstream list+watch, answering list, get
 //! and watch exactly as kube-apiserver would (see [`serve`]).
 
+pub mod checker;
 pub mod compaction;
 pub mod continue_token;
 pub mod encode;
@@ -145,15 +146,26 @@ impl Caches {
     }
 
     /// Starts one reflector per cache, resuming from `snapshots` where
-    /// they hold a usable snapshot.
+    /// they hold a usable snapshot, and its consistency checker.
     pub fn spawn_reflectors(
         &self,
         upstream: &Upstream,
         readiness: &Readiness,
         snapshots: Option<&Arc<persist::Snapshots>>,
+        check: &crate::config::ConsistencyCheckConfig,
         shutdown: &CancellationToken,
     ) {
         for cache in self.by_gvr.values() {
+            tokio::spawn(
+                checker::Checker {
+                    cache: cache.clone(),
+                    upstream: upstream.clone(),
+                    shutdown: shutdown.clone(),
+                    period: Duration::from_secs(check.period_seconds),
+                    page_size: check.page_size,
+                }
+                .run(),
+            );
             let reflector = Reflector {
                 cache: cache.clone(),
                 upstream: upstream.clone(),

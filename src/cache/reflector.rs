@@ -204,6 +204,11 @@ impl Reflector {
                 let timeout = 300 + fastrand::u64(0..300);
                 let result = tokio::select! {
                     _ = self.shutdown.cancelled() => break 'relist,
+                    () = self.cache.relist_requested() => {
+                        self.cache.metrics.watch_restart("heal");
+                        tracing::warn!(resource = %check, rv, "relisting to heal a divergence from upstream");
+                        continue 'relist;
+                    }
                     r = self.watch(rv, timeout, false) => r,
                 };
                 match result {
@@ -513,6 +518,18 @@ impl Reflector {
             }
         };
         self.cache.metrics.event_received(kind.as_str());
+        // A fault for tests: the event is lost, as a bug in this path would
+        // lose it; only the consistency checker can notice.
+        #[cfg(feature = "failpoints")]
+        if fail::eval(
+            &format!("reflector::drop_event::{}", info.gvr.resource),
+            |_| (),
+        )
+        .is_some()
+        {
+            tracing::warn!(resource = %info.gvr.resource, "failpoint: dropped an upstream event");
+            return Ok(false);
+        }
         match CachedObject::from_json(
             event.object.get().as_bytes(),
             info.field_set,
@@ -526,7 +543,7 @@ impl Reflector {
 }
 
 /// Characters escaped in query values.
-const QUERY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+pub(super) const QUERY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'_')
     .remove(b'.')
@@ -538,11 +555,25 @@ async fn get(
     path_and_query: &str,
     reads_as: Option<&http::HeaderValue>,
 ) -> Result<http::Response<UpstreamBody>, ReflectorError> {
+    get_accepting(upstream, path_and_query, reads_as, None).await
+}
+
+/// [`get`], with an `Accept` header.
+pub(super) async fn get_accepting(
+    upstream: &Upstream,
+    path_and_query: &str,
+    reads_as: Option<&http::HeaderValue>,
+    accept: Option<&'static str>,
+) -> Result<http::Response<UpstreamBody>, ReflectorError> {
     let mut req = upstream
         .own_request(Method::GET, path_and_query, None)
         .map_err(|e| ReflectorError::Upstream(e.to_string()))?;
     if let Some(user) = reads_as {
         req.headers_mut().insert("impersonate-user", user.clone());
+    }
+    if let Some(accept) = accept {
+        req.headers_mut()
+            .insert(http::header::ACCEPT, http::HeaderValue::from_static(accept));
     }
     let resp = upstream
         .send(req, Credentials::Proxy)
@@ -562,7 +593,9 @@ async fn get(
     Err(ReflectorError::Status { status, message })
 }
 
-async fn read_body(resp: http::Response<UpstreamBody>) -> Result<bytes::Bytes, ReflectorError> {
+pub(super) async fn read_body(
+    resp: http::Response<UpstreamBody>,
+) -> Result<bytes::Bytes, ReflectorError> {
     Limited::new(resp.into_body(), MAX_LIST_PAGE_BYTES)
         .collect()
         .await

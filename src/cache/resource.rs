@@ -4,6 +4,7 @@
 //! upstream probe behind consistent reads.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -100,6 +101,15 @@ pub struct ResourceCache {
     rv: watch::Sender<u64>,
     synced: watch::Sender<bool>,
     progress_wanted: Notify,
+    /// A relist asked for by the consistency checker.
+    relist_wanted: Notify,
+    /// Whether the relist asked for heals a divergence.
+    healing: AtomicBool,
+    /// After a healing relist that had to reset the cache: watches from
+    /// below this RV get `410` (their clients relist from the healed
+    /// cache) instead of passing through to an apiserver that would
+    /// replay only what they had not missed.
+    expire_below: AtomicU64,
     bookmark_template: Mutex<Option<Value>>,
     snapshots: moka::sync::Cache<u64, Objects>,
     probe: Mutex<ProbeSlot>,
@@ -139,6 +149,9 @@ impl ResourceCache {
             rv,
             synced,
             progress_wanted: Notify::new(),
+            relist_wanted: Notify::new(),
+            healing: AtomicBool::new(false),
+            expire_below: AtomicU64::new(0),
             bookmark_template: Mutex::new(None),
             behind_since: Mutex::new(None),
             // Reconstructed snapshots, so paging through a list at one RV
@@ -184,6 +197,9 @@ impl ResourceCache {
             self.observe(&s, &o);
             o
         };
+        if self.healing.swap(false, Ordering::AcqRel) && outcome.closed_reset > 0 {
+            self.expire_below.fetch_max(list_rv, Ordering::AcqRel);
+        }
         self.snapshots.invalidate_all();
         self.synced
             .send_if_modified(|s| !std::mem::replace(s, true));
@@ -367,6 +383,24 @@ impl ResourceCache {
         if !fresh {
             self.progress_wanted.notify_one();
         }
+    }
+
+    /// Asks the reflector to relist now: the consistency checker found the
+    /// cache diverged from upstream. The relist reaches watchers as
+    /// ordinary events (`State::replace`).
+    pub fn request_relist(&self) {
+        self.healing.store(true, Ordering::Release);
+        self.relist_wanted.notify_one();
+    }
+
+    /// Resolves when a relist is asked for.
+    pub async fn relist_requested(&self) {
+        self.relist_wanted.notified().await;
+    }
+
+    /// Watches from below this RV get `410` (see the field).
+    pub fn expire_below(&self) -> u64 {
+        self.expire_below.load(Ordering::Acquire)
     }
 
     /// Resolves when a reader waits for freshness the cache lacks.

@@ -605,6 +605,19 @@ async fn serve_watch(
     };
     match watcher::start(cache.clone(), params, shutdown.clone()) {
         Ok(resp) => served(cache, "watch", neg, resp),
+        // After a relist that healed a divergence by resetting the cache,
+        // a client resuming from before it may hold what the cache had
+        // wrong, and upstream would replay only what came after: it must
+        // relist, as after the apiserver's own cache reinitializes.
+        Err(too_old) if too_old.requested < cache.expire_below() => {
+            Answer::Served(watcher::error_response(
+                &Status::expired(format!(
+                    "too old resource version: {} ({})",
+                    too_old.requested, too_old.floor
+                )),
+                neg.body.encoding,
+            ))
+        }
         // Events between N and the cache's oldest are unknown here; upstream
         // may still hold them (its watch cache often reaches further back),
         // and answers `410 Expired` itself when it does not.

@@ -510,22 +510,39 @@ impl State {
     /// The events that turn the cached state into `fresh`, sorted by RV,
     /// or `None` when they cannot be given distinct RVs in
     /// `(cache RV, list RV]`.
+    ///
+    /// An object changed upstream after the cache's RV becomes an event at
+    /// its own RV. Changes the cache should already hold but does not (an
+    /// object at or below the cache's RV that it lacks or holds at another
+    /// version: a divergence the consistency checker found) and deletions
+    /// (the apiserver does not say when they happened) take the free RVs
+    /// in `(cache RV, list RV]`, newest first; a deleted object is stamped
+    /// with its event's RV, as the apiserver stamps deletions, while a
+    /// missed version keeps its own RV: it is the object as upstream has
+    /// it, delivered late.
     fn diff(&self, fresh: &Objects, list_rv: u64) -> Option<Vec<Event>> {
         let mut changes: Vec<Event> = Vec::new();
+        // Missed versions: (kind, object, previous), given a free RV below.
+        let mut late: Vec<(EventType, Arc<CachedObject>, Option<Arc<CachedObject>>)> = Vec::new();
         for (key, obj) in fresh {
-            match self.objects.get(key) {
-                None => changes.push(Event::new(obj.rv, EventType::Added, obj.clone(), None)),
-                Some(prev) if prev.rv != obj.rv => changes.push(Event::new(
-                    obj.rv,
-                    EventType::Modified,
-                    obj.clone(),
-                    Some(prev.clone()),
-                )),
-                Some(_) => {}
+            let prev = self.objects.get(key);
+            if prev.is_some_and(|p| p.rv == obj.rv) {
+                continue;
             }
-        }
-        if changes.iter().any(|e| e.rv <= self.rv || e.rv > list_rv) {
-            return None;
+            if obj.rv > list_rv || prev.is_some_and(|p| p.rv > obj.rv) {
+                // Upstream went back in time (restored from a backup).
+                return None;
+            }
+            let kind = if prev.is_some() {
+                EventType::Modified
+            } else {
+                EventType::Added
+            };
+            if obj.rv > self.rv {
+                changes.push(Event::new(obj.rv, kind, obj.clone(), prev.cloned()));
+            } else {
+                late.push((kind, obj.clone(), prev.cloned()));
+            }
         }
         let used: HashSet<u64> = changes.iter().map(|e| e.rv).collect();
         let gone: Vec<&Arc<CachedObject>> = self
@@ -537,20 +554,24 @@ impl State {
         let mut free = (self.rv + 1..=list_rv)
             .rev()
             .filter(|rv| !used.contains(rv));
-        let mut slots: Vec<u64> = Vec::with_capacity(gone.len());
-        for _ in 0..gone.len() {
+        let mut slots: Vec<u64> = Vec::with_capacity(late.len() + gone.len());
+        for _ in 0..late.len() + gone.len() {
             slots.push(free.next()?);
         }
         slots.sort_unstable();
-        for (prev, rv) in gone.into_iter().zip(slots) {
+        let (late_slots, gone_slots) = slots.split_at(late.len());
+        for ((kind, obj, prev), rv) in late.into_iter().zip(late_slots) {
+            changes.push(Event::new(*rv, kind, obj, prev));
+        }
+        for (prev, rv) in gone.into_iter().zip(gone_slots) {
             let stamped = CachedObject::from_json(
-                &prev.with_resource_version(rv),
+                &prev.with_resource_version(*rv),
                 self.settings.field_set,
                 self.settings.namespaced,
             )
             .ok()?;
             changes.push(Event::new(
-                rv,
+                *rv,
                 EventType::Deleted,
                 Arc::new(stamped),
                 Some(prev.clone()),
@@ -875,6 +896,66 @@ mod tests {
         // History stays continuous: resuming from 10 replays the diff.
         let r2 = s.register(all(), Start::After(10)).unwrap();
         assert_eq!(r2.replay.len(), 3);
+    }
+
+    #[test]
+    fn relist_delivers_missed_versions_late_at_free_rvs() {
+        let mut s = synced(100, 10);
+        let mut r = s.register(all(), Start::After(10)).unwrap();
+        let now = Instant::now();
+        // The cache missed a's change at 8 and c's creation at 9 (below
+        // its RV, 10), then saw 11.
+        s.apply(EventType::Added, pod("d", 11, "n1", "x"), now);
+        assert_eq!(types(&mut r.rx), vec!["ADDED d 11"]);
+        let o = s.replace(
+            vec![
+                pod("a", 8, "n1", "x"),
+                pod("b", 6, "n2", "x"),
+                pod("c", 9, "n1", "x"),
+                pod("d", 11, "n1", "x"),
+            ],
+            14,
+            now,
+        );
+        assert_eq!(o.closed_reset, 0);
+        // Delivered at free RVs after 11, each object as upstream has it.
+        let frames: Vec<(u64, String, String)> = {
+            let mut out = Vec::new();
+            while let Ok(d) = r.rx.try_recv() {
+                let frame = d
+                    .event
+                    .frame(d.which, crate::cache::negotiate::Representation::JSON, None)
+                    .unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
+                out.push((
+                    d.rv,
+                    v["type"].as_str().unwrap().to_string(),
+                    format!(
+                        "{}@{}",
+                        v["object"]["metadata"]["name"].as_str().unwrap(),
+                        v["object"]["metadata"]["resourceVersion"].as_str().unwrap()
+                    ),
+                ));
+            }
+            out
+        };
+        assert_eq!(
+            frames,
+            vec![
+                (13, "MODIFIED".to_string(), "a@8".to_string()),
+                (14, "ADDED".to_string(), "c@9".to_string()),
+            ]
+        );
+        assert_eq!(s.rv(), 14);
+        let state: Vec<String> = s
+            .objects()
+            .values()
+            .map(|o| format!("{}@{}", o.name(), o.rv))
+            .collect();
+        assert_eq!(state, ["a@8", "b@6", "c@9", "d@11"]);
+        // No free RV left for a third: the cache resets.
+        let o = s.replace(vec![pod("e", 3, "n1", "x")], 14, now);
+        assert_eq!(o.closed_reset, 1);
     }
 
     #[test]

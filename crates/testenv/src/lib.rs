@@ -93,6 +93,7 @@ pub struct ControlPlane {
     admin: Issued,
     admin_kubeconfig: PathBuf,
     apiserver_args: Vec<String>,
+    etcd_port: u16,
     // Stopped in reverse order of declaration: the apiserver first.
     apiserver: Mutex<Process>,
     _etcd: Process,
@@ -230,6 +231,7 @@ impl ControlPlane {
             assets,
             port,
             apiserver_args,
+            etcd_port,
             apiserver: Mutex::new(apiserver),
             _etcd: etcd,
             admin,
@@ -251,6 +253,18 @@ impl ControlPlane {
     /// The apiserver's port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// etcd's client URL (`http://127.0.0.1:<port>`, no TLS): its v3 JSON
+    /// gateway (`/v3/kv/range`, `/v3/watch`, `/v3/kv/compaction`) for tests
+    /// that read etcd's history or compact it.
+    pub fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.etcd_port)
+    }
+
+    /// The apiserver's process id.
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.lock().map(|p| p.pid()).unwrap_or_default()
     }
 
     /// The CA that signed the apiserver's serving certificate and that the
@@ -391,6 +405,19 @@ impl ControlPlane {
         f(&p).map_err(io_err("signalling kube-apiserver"))
     }
 
+    /// Kills the apiserver (`SIGKILL`, no shutdown at all), waits `down`,
+    /// starts it again on the same port with the same data, and waits
+    /// until it is ready.
+    ///
+    /// # Errors
+    /// When it does not start again.
+    pub async fn kill_apiserver(&self, down: Duration) -> Result<(), Error> {
+        if let Ok(p) = self.apiserver.lock() {
+            p.kill();
+        }
+        self.start_apiserver_again(down).await
+    }
+
     /// Stops the apiserver (`SIGTERM`, then `SIGKILL` after `grace`),
     /// waits `down`, starts it again on the same port with the same data,
     /// and waits until it is ready.
@@ -405,6 +432,10 @@ impl ControlPlane {
             })?;
             p.terminate(grace);
         }
+        self.start_apiserver_again(down).await
+    }
+
+    async fn start_apiserver_again(&self, down: Duration) -> Result<(), Error> {
         tokio::time::sleep(down).await;
         let fresh = Process::spawn(
             "kube-apiserver",
