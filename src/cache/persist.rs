@@ -82,7 +82,17 @@ pub struct Snapshots {
     upstream: String,
     /// Size of each resource's current file, for the total bound.
     sizes: Mutex<HashMap<String, u64>>,
+    /// Whether the last process left the snapshots after a clean shutdown
+    /// (`CLEAN`), with nothing served after them.
+    clean_start: bool,
 }
+
+/// The file a cleanly stopped proxy leaves beside its snapshots: each was
+/// written after its last request, so none is older than anything it
+/// served. Read and removed at start; absent after a crash, whose
+/// periodic snapshots may be older than what was served (`resource.rs`
+/// `Resumed`).
+const CLEAN: &str = "clean-shutdown";
 
 /// A hex SHA-256 of the upstream's URL and CA certificates (DER): a
 /// snapshot from another cluster does not match.
@@ -130,12 +140,42 @@ impl Snapshots {
     /// When the directory cannot be created.
     pub fn new(dir: &Path, max_bytes: u64, upstream: String) -> io::Result<Snapshots> {
         create_private_dir(dir)?;
+        let marker = dir.join(CLEAN);
+        let clean_start = marker.exists();
+        match fs::remove_file(&marker) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         Ok(Snapshots {
             dir: dir.to_path_buf(),
             max_bytes,
             upstream,
             sizes: Mutex::new(HashMap::new()),
+            clean_start,
         })
+    }
+
+    /// Whether the previous process stopped cleanly, its snapshots written
+    /// after its last request.
+    pub fn clean_start(&self) -> bool {
+        self.clean_start
+    }
+
+    /// Removes the clean mark (the process that wrote it serves on).
+    fn unmark_clean(&self) {
+        let _ = fs::remove_file(self.dir.join(CLEAN));
+    }
+
+    /// Marks the snapshots as written after the last request (a clean
+    /// shutdown).
+    fn mark_clean(&self) -> io::Result<()> {
+        let path = self.dir.join(CLEAN);
+        let f = File::create(&path)?;
+        f.sync_all()?;
+        #[cfg(unix)]
+        File::open(&self.dir)?.sync_all()?;
+        Ok(())
     }
 
     /// The file name of `info`'s snapshot.
@@ -382,32 +422,51 @@ impl Persister {
     }
 
     /// Writes the snapshots one last time for a successor that takes over,
-    /// then writes no more (unless [`Persister::resume`]d).
+    /// then writes no more (unless [`Persister::resume`]d). The caches
+    /// stop applying upstream changes first, so nothing newer than these
+    /// snapshots is served before the successor, which resumes from them,
+    /// takes over: they are marked clean, as at a clean shutdown.
     pub async fn save_and_pause(&self) {
-        self.save_all().await;
+        for c in &self.caches {
+            c.set_frozen(true);
+        }
+        if self.save_all().await
+            && self.all_current()
+            && let Err(error) = self.snapshots.mark_clean()
+        {
+            tracing::warn!(%error, "marking the snapshots clean failed");
+        }
         self.paused.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Writes snapshots again (a takeover did not happen).
+    /// Writes snapshots again, and the caches follow upstream again (a
+    /// takeover did not happen).
     pub fn resume(&self) {
+        self.snapshots.unmark_clean();
         self.paused
             .store(false, std::sync::atomic::Ordering::SeqCst);
+        for c in &self.caches {
+            c.set_frozen(false);
+        }
     }
 
     /// Writes the snapshot of every synced cache that changed since its
     /// last one. One call at a time; the files are written off the async
     /// runtime, from O(1) copies of the stores taken under their locks.
-    pub async fn save_all(&self) {
+    /// Returns whether every cache's snapshot is now at its current RV.
+    pub async fn save_all(&self) -> bool {
         let mut saved = self.saved.lock().await;
         if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
+            return false;
         }
+        let mut all = true;
         for cache in &self.caches {
             let info = cache.info().clone();
             let name = Snapshots::file_name(&info);
             let (objects, rv) = {
                 let s = cache.lock();
                 if !s.is_synced() {
+                    all = false;
                     continue;
                 }
                 (s.objects().clone(), s.rv())
@@ -434,15 +493,18 @@ impl Persister {
                     saved.insert(name, rv);
                 }
                 Ok(Err(error)) => {
+                    all = false;
                     metrics.snapshot("save", "error");
                     tracing::warn!(resource = %name, %error, "writing the snapshot failed");
                 }
                 Err(error) => {
+                    all = false;
                     metrics.snapshot("save", "error");
                     tracing::warn!(resource = %name, %error, "writing the snapshot failed");
                 }
             }
         }
+        all
     }
 
     /// Saves every `interval` until `shutdown`, then once more.
@@ -450,10 +512,27 @@ impl Persister {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(interval) => self.save_all().await,
+                _ = tokio::time::sleep(interval) => { self.save_all().await; }
             }
         }
-        self.save_all().await;
+        // After the last request (the caller stops serving first): when
+        // every snapshot is current, the next process may serve them as
+        // they are.
+        if self.save_all().await
+            && self.all_current()
+            && let Err(error) = self.snapshots.mark_clean()
+        {
+            tracing::warn!(%error, "marking the snapshots clean failed");
+        }
+    }
+
+    /// Whether every cache is current: none is still catching up after a
+    /// crash (its snapshot, even rewritten now, may be older than what the
+    /// crashed process served).
+    fn all_current(&self) -> bool {
+        self.caches
+            .iter()
+            .all(|c| c.resumed() == crate::cache::resource::Resumed::Current)
     }
 }
 
@@ -557,6 +636,54 @@ mod tests {
 
     fn dir() -> PathBuf {
         std::env::temp_dir().join(format!("kcp-snap-{}", uuid::Uuid::new_v4()))
+    }
+
+    #[tokio::test]
+    async fn only_a_clean_stop_with_every_snapshot_current_marks_them_clean() {
+        let d = dir();
+        let cache = Arc::new(test_cache());
+        let items = objects(3)
+            .values()
+            .map(|o| {
+                CachedObject::from_json(o.json(), crate::resource::FieldSet::Default, true).unwrap()
+            })
+            .collect();
+        cache.replace(items, 20);
+        let snapshots = Arc::new(Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap());
+        assert!(!snapshots.clean_start());
+        let p = Arc::new(Persister::new(snapshots, vec![cache.clone()]));
+        // A clean stop: the final snapshots, then the mark.
+        let stop = CancellationToken::new();
+        stop.cancel();
+        p.clone().run(Duration::from_secs(3600), stop).await;
+        let next = Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap();
+        assert!(next.clean_start(), "a clean stop is marked");
+        // The mark is read once: a crash after that start is not clean.
+        assert!(
+            !Snapshots::new(&d, 1 << 20, "up-1".into())
+                .unwrap()
+                .clean_start()
+        );
+        // Not while a cache catches up after a crash.
+        cache.set_resumed(crate::cache::resource::Resumed::CatchingUp);
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let p = Arc::new(Persister::new(Arc::new(next), vec![cache.clone()]));
+        p.clone().run(Duration::from_secs(3600), stop).await;
+        assert!(!d.join(CLEAN).exists());
+        cache.set_resumed(crate::cache::resource::Resumed::Current);
+        // A handover freezes the caches, writes and marks; a takeover that
+        // did not happen unmarks and unfreezes.
+        let next = Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap();
+        let p = Persister::new(Arc::new(next), vec![cache.clone()]);
+        p.save_and_pause().await;
+        assert!(d.join(CLEAN).exists());
+        p.resume();
+        assert!(!d.join(CLEAN).exists());
+        tokio::time::timeout(Duration::from_secs(1), cache.wait_unfrozen())
+            .await
+            .unwrap();
+        let _ = fs::remove_dir_all(&d);
     }
 
     #[test]

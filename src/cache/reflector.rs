@@ -36,7 +36,7 @@ use super::compaction::Verdict;
 use super::event::EventType;
 use super::object::CachedObject;
 use super::persist::Snapshots;
-use super::resource::{ResourceCache, ResourceInfo};
+use super::resource::{ResourceCache, ResourceInfo, Resumed};
 
 /// Items per upstream list page.
 const PAGE_SIZE: u32 = 500;
@@ -234,6 +234,9 @@ impl Reflector {
                     Err(error) => {
                         self.cache.metrics.watch_restart("error");
                         tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
+                        if self.cache.resumed() == Resumed::CatchingUp {
+                            self.cache.set_resumed(Resumed::Unreachable);
+                        }
                         self.upstream_down(&check);
                         if !self.sleep(next_delay(&mut backoff)).await {
                             break 'relist;
@@ -252,6 +255,7 @@ impl Reflector {
         let Some(snapshots) = self.snapshots.clone() else {
             return false;
         };
+        let clean = snapshots.clean_start();
         let info = self.cache.info().clone();
         let loaded = tokio::task::spawn_blocking(move || {
             let r = snapshots.load(&info);
@@ -266,6 +270,11 @@ impl Reflector {
             Ok(Ok(Some((rv, items)))) => {
                 let objects = items.len();
                 self.cache.replace(items, rv);
+                // After a crash, the periodic snapshot may be older than
+                // what the last process served.
+                if !clean {
+                    self.cache.set_resumed(Resumed::CatchingUp);
+                }
                 self.cache.upstream_down();
                 self.readiness.set(
                     check,
@@ -314,7 +323,18 @@ impl Reflector {
     /// Notes that an upstream watch is open again.
     fn upstream_up(&self, check: &str) {
         if self.cache.upstream_up() {
-            self.readiness.set(check, Ok(()));
+            if self.cache.resumed() == Resumed::Current {
+                self.readiness.set(check, Ok(()));
+            } else {
+                // Ready once caught up (`catch_up`).
+                self.readiness.set(
+                    check,
+                    Err(format!(
+                        "catching up with upstream from a snapshot at resourceVersion {}",
+                        self.cache.rv()
+                    )),
+                );
+            }
         }
     }
 
@@ -323,6 +343,40 @@ impl Reflector {
         tokio::select! {
             _ = self.shutdown.cancelled() => false,
             _ = tokio::time::sleep(d) => true,
+        }
+    }
+
+    /// After resuming from a crash's snapshot, proves the cache has caught
+    /// up with upstream, so it holds at least what the crashed process
+    /// served: upstream's current RV from a consistent `limit=1` list,
+    /// reached by the cache (its resumed watch, or a progress watch for a
+    /// quiet resource). Until then `resourceVersion=0` reads wait. (Not a
+    /// bookmark: behind a tier, the replica the cache resumed on may be
+    /// behind the one the crashed process read from; a consistent read is
+    /// answered as the apiserver's current state by any replica.)
+    async fn catch_up(self) {
+        let mut delay = Duration::from_millis(200);
+        while self.cache.resumed() == Resumed::CatchingUp && !self.shutdown.is_cancelled() {
+            let caught_up = match probe_rv(self.upstream.clone(), self.cache.info()).await {
+                Ok(target) => {
+                    self.cache
+                        .wait_fresh(target, Duration::from_secs(5), "ready")
+                        .await
+                }
+                Err(_) => false,
+            };
+            if caught_up {
+                self.cache.set_resumed(Resumed::Current);
+                if self.cache.upstream_down_since().is_none() {
+                    self.readiness.set(&self.check_name(), Ok(()));
+                }
+                tracing::info!(resource = %self.check_name(), rv = self.cache.rv(), "caught up with upstream after resuming from a snapshot");
+                return;
+            }
+            if !self.sleep(delay).await {
+                return;
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
 
@@ -411,8 +465,11 @@ impl Reflector {
             }
         }
         self.cache.metrics.relists.inc();
+        self.cache.wait_unfrozen().await;
         tracing::info!(resource = %info.gvr.resource, objects = items.len(), rv = list_rv, "listed from upstream");
         self.cache.replace(items, list_rv);
+        // A consistent list is upstream's current state.
+        self.cache.set_resumed(Resumed::Current);
         Ok(())
     }
 
@@ -443,11 +500,18 @@ impl Reflector {
         )
         .await?;
         if !progress {
+            if self.cache.resumed() != Resumed::Current {
+                self.cache.set_resumed(Resumed::CatchingUp);
+                tokio::spawn(self.clone().catch_up());
+            }
             self.upstream_up(&self.check_name());
         }
         let mut body = resp.into_body();
         let mut buf = BytesMut::new();
         loop {
+            // Handing over to a successor: read nothing more (see
+            // `ResourceCache::set_frozen`).
+            self.cache.wait_unfrozen().await;
             let frame = tokio::select! {
                 f = body.frame() => f,
                 () = &mut site_changed => return Ok(WatchEnd::Closed),

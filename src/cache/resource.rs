@@ -119,7 +119,34 @@ pub struct ResourceCache {
     behind_since: Mutex<Option<Instant>>,
     /// Since when upstream could not be watched, if it cannot.
     upstream_down_since: Mutex<Option<Instant>>,
+    /// Whether what the cache holds may be older than what this proxy (or
+    /// its predecessor) already served: see [`Resumed`].
+    resumed: watch::Sender<Resumed>,
+    /// While a successor takes over: the reflector applies nothing (it
+    /// stops reading upstream), so nothing is served past the snapshot the
+    /// successor resumes from.
+    frozen: watch::Sender<bool>,
     pub metrics: ResourceMetrics,
+}
+
+/// Where a cache filled from a snapshot stands. A restarted proxy's
+/// snapshot can be older than what its predecessor served (it is written
+/// every `intervalSeconds`), so until the cache has caught up with
+/// upstream, a `resourceVersion=0` read from it could go back in time for
+/// a client: such reads wait (`readyWaitMilliseconds`) for [`Current`],
+/// then pass through. When upstream cannot be reached at all, the
+/// snapshot is all there is (the apiserver's rules allow a stale answer),
+/// and they are served from it.
+///
+/// [`Current`]: Resumed::Current
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumed {
+    /// Filled from upstream, or caught up with it since.
+    Current,
+    /// Filled from a snapshot; catching up.
+    CatchingUp,
+    /// Filled from a snapshot; upstream unreachable.
+    Unreachable,
 }
 
 impl std::fmt::Debug for ResourceCache {
@@ -163,6 +190,8 @@ impl ResourceCache {
             probe: Mutex::new(ProbeSlot::default()),
             compaction: Mutex::new(Compaction::default()),
             upstream_down_since: Mutex::new(None),
+            resumed: watch::channel(Resumed::Current).0,
+            frozen: watch::channel(false).0,
             metrics,
         }
     }
@@ -297,6 +326,46 @@ impl ResourceCache {
             }
         }
         serde_json::to_vec(&object).unwrap_or_default()
+    }
+
+    /// Stops (`true`) or resumes applying upstream changes: see `frozen`.
+    pub fn set_frozen(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+
+    /// Waits while the cache is frozen.
+    pub async fn wait_unfrozen(&self) {
+        let mut rx = self.frozen.subscribe();
+        let _ = rx.wait_for(|f| !*f).await;
+    }
+
+    /// Where a cache filled from a snapshot stands.
+    pub fn resumed(&self) -> Resumed {
+        *self.resumed.borrow()
+    }
+
+    /// Sets where a cache filled from a snapshot stands.
+    pub fn set_resumed(&self, r: Resumed) {
+        self.resumed
+            .send_if_modified(|cur| std::mem::replace(cur, r) != r);
+    }
+
+    /// Waits up to `timeout` until a `resourceVersion=0` read may be
+    /// answered without going back in time (see [`Resumed`]); returns
+    /// whether it may.
+    pub async fn wait_current(&self, timeout: Duration) -> bool {
+        let ok = |r: &Resumed| *r != Resumed::CatchingUp;
+        if ok(&self.resumed()) {
+            return true;
+        }
+        let start = Instant::now();
+        let mut rx = self.resumed.subscribe();
+        let reached = tokio::time::timeout(timeout, rx.wait_for(ok))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        self.metrics
+            .read_wait("ready", start.elapsed().as_secs_f64());
+        reached
     }
 
     /// Records that upstream could not be watched; returns since when.
@@ -690,6 +759,25 @@ pub(crate) mod tests {
             .map(|m| m.get_counter().get_value())
             .sum();
         assert_eq!(probes, 2.0);
+    }
+
+    #[tokio::test]
+    async fn reads_wait_while_a_resumed_cache_catches_up() {
+        let c = Arc::new(test_cache());
+        c.replace(Vec::new(), 10);
+        assert!(c.wait_current(Duration::ZERO).await);
+        c.set_resumed(Resumed::CatchingUp);
+        assert!(!c.wait_current(Duration::from_millis(20)).await);
+        let waiter = {
+            let c = c.clone();
+            tokio::spawn(async move { c.wait_current(Duration::from_secs(2)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        c.set_resumed(Resumed::Current);
+        assert!(waiter.await.unwrap());
+        // Upstream unreachable: the snapshot is served.
+        c.set_resumed(Resumed::Unreachable);
+        assert!(c.wait_current(Duration::ZERO).await);
     }
 
     #[tokio::test]

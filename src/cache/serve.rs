@@ -80,6 +80,17 @@ pub const PROBE_FAILED: &str = "probe failed";
 /// fresh in time.
 pub const NOT_FRESH: &str = "not fresh";
 
+/// Why a `resourceVersion=0` read passes through when a cache resumed
+/// after a crash has not caught up within [`CATCH_UP_WAIT`].
+pub const CATCHING_UP: &str = "catching up";
+
+/// How long a `resourceVersion=0` read waits for a cache resumed after a
+/// crash to catch up (normally a fraction of a second: one `limit=1`
+/// consistent list). Passing through sooner would hand the client
+/// upstream's newer state, and the cache's answer a moment later would
+/// go back in time.
+pub const CATCH_UP_WAIT: Duration = Duration::from_secs(10);
+
 /// Why a read at an exact resourceVersion passes through when upstream
 /// has compacted it (the apiserver answers `410 Expired` itself).
 pub const COMPACTED: &str = "compacted";
@@ -94,6 +105,7 @@ pub fn is_transient(reason: &str) -> bool {
         PROBE_FAILED,
         NOT_FRESH,
         COMPACTED,
+        CATCHING_UP,
     ]
     .contains(&reason)
 }
@@ -194,6 +206,18 @@ async fn ready(cache: &ResourceCache) -> Result<(), Answer> {
     }
 }
 
+/// Waits, for a `resourceVersion=0` read, until a cache resumed from a
+/// crash's snapshot has caught up with upstream (or upstream is
+/// unreachable), so no client sees it go back in time; or declines
+/// (`resource.rs` `Resumed`).
+async fn current(cache: &ResourceCache) -> Result<(), Answer> {
+    if cache.wait_current(CATCH_UP_WAIT).await {
+        Ok(())
+    } else {
+        Err(Answer::PassThrough(CATCHING_UP))
+    }
+}
+
 /// Proves the cache holds upstream's current state (it has reached the RV
 /// a probe started after the request arrived found upstream at), waiting
 /// at most `wait` for it; or declines.
@@ -273,7 +297,11 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>, neg: Negotiated)
     match rv_param.as_deref() {
         // See `passes_through_early`.
         None | Some("") => return Answer::PassThrough("consistent get"),
-        Some("0") => {}
+        Some("0") => {
+            if let Err(a) = current(cache).await {
+                return a;
+            }
+        }
         Some(rv) => {
             let Ok(rv) = query::parse_resource_version(rv) else {
                 return Answer::PassThrough("unparseable resourceVersion");
@@ -446,7 +474,11 @@ async fn serve_list(
                 return a;
             }
         }
-        (Some(0), _) => {}
+        (Some(0), _) => {
+            if let Err(a) = current(cache).await {
+                return a;
+            }
+        }
         (Some(rv), _) => {
             if let Err(s) = not_older_than(cache, rv).await {
                 return status(s, neg);
@@ -567,7 +599,11 @@ async fn serve_watch(
                 return a;
             }
         }
-        Some(0) => {}
+        Some(0) => {
+            if let Err(a) = current(cache).await {
+                return a;
+            }
+        }
         Some(rv) if initial => {
             if let Err(s) = not_older_than(cache, rv).await {
                 return Answer::Served(watcher::error_response(&s, neg.body.encoding));

@@ -212,6 +212,12 @@ pub struct State {
     history_at: VecDeque<Instant>,
     /// Every event with an RV above this is in the history.
     floor: u64,
+    /// Intervals `(from, to)` of RVs the history skipped: a relist took the
+    /// cache from `from` straight to `to`, its difference delivered as
+    /// events at RVs that are not the changes' own (deletions at free RVs),
+    /// valid for a client at `from` or before, not for one in between,
+    /// whose state the cache never knew.
+    skipped: VecDeque<(u64, u64)>,
     synced: bool,
     bytes: usize,
     watchers: Watchers,
@@ -241,6 +247,7 @@ impl State {
             history: VecDeque::new(),
             history_at: VecDeque::new(),
             floor: 0,
+            skipped: VecDeque::new(),
             synced: false,
             bytes: 0,
             watchers: Watchers::default(),
@@ -355,6 +362,13 @@ impl State {
             };
             self.history_at.pop_front();
             self.floor = old.rv;
+            while self
+                .skipped
+                .front()
+                .is_some_and(|(_, to)| *to <= self.floor)
+            {
+                self.skipped.pop_front();
+            }
             if self.watchers.lagging > 0 {
                 self.close_overrun(&mut outcome);
             }
@@ -479,6 +493,26 @@ impl State {
         match self.diff(&fresh, list_rv) {
             Some(changes) => {
                 let mut outcome = Outcome::default();
+                let from = self.rv;
+                // A watcher already past the cache's RV (it resumed from
+                // an RV it got elsewhere: another process, a newer
+                // snapshot) holds a state the difference was not computed
+                // from: it is closed, and its client's re-watch goes
+                // upstream (`skipped`).
+                let ahead: Vec<u64> = self
+                    .watchers
+                    .entries
+                    .iter()
+                    .filter(|(_, e)| e.min_rv > from && e.min_rv < list_rv)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in ahead {
+                    self.close(id, CloseReason::Reset);
+                    outcome.closed(CloseReason::Reset);
+                }
+                if list_rv > from + 1 {
+                    self.skipped.push_back((from, list_rv));
+                }
                 for event in changes {
                     let o = self.push(Arc::new(event), now);
                     outcome.events += o.events;
@@ -500,6 +534,7 @@ impl State {
                 self.objects = fresh;
                 self.history.clear();
                 self.history_at.clear();
+                self.skipped.clear();
                 self.rv = list_rv;
                 self.floor = list_rv;
                 outcome
@@ -584,7 +619,7 @@ impl State {
     /// The state as it was at `rv`, reconstructed by undoing newer history
     /// events; `None` when `rv` is outside `[floor, cache RV]`.
     pub fn snapshot_at(&self, rv: u64) -> Option<Objects> {
-        if rv < self.floor || rv > self.rv || !self.synced {
+        if rv < self.floor || rv > self.rv || !self.synced || self.in_skipped(rv) {
             return None;
         }
         let mut objects = self.objects.clone();
@@ -602,14 +637,21 @@ impl State {
         Some(objects)
     }
 
+    /// Whether `rv` lies strictly inside an interval the history skipped
+    /// (see `skipped`).
+    fn in_skipped(&self, rv: u64) -> bool {
+        self.skipped.iter().any(|(from, to)| rv > *from && rv < *to)
+    }
+
     /// Registers a watcher.
     ///
     /// # Errors
-    /// [`TooOld`] when `start` is older than the history.
+    /// [`TooOld`] when `start` is older than the history, or inside an
+    /// interval it skipped.
     pub fn register(&mut self, filter: Arc<Filter>, start: Start) -> Result<Registration, TooOld> {
         let (replay, snapshot, min_rv) = match start {
             Start::After(rv) => {
-                if rv < self.floor {
+                if rv < self.floor || self.in_skipped(rv) {
                     return Err(TooOld {
                         requested: rv,
                         floor: self.floor,
@@ -956,6 +998,30 @@ mod tests {
         // No free RV left for a third: the cache resets.
         let o = s.replace(vec![pod("e", 3, "n1", "x")], 14, now);
         assert_eq!(o.closed_reset, 1);
+    }
+
+    #[test]
+    fn a_relist_skips_the_rvs_between_and_closes_watchers_ahead_of_the_cache() {
+        // The cache is at 10 (a snapshot, say); a client resumes from 15,
+        // an RV it got from a process that was further on.
+        let mut s = synced(100, 10);
+        let ahead = s.register(all(), Start::After(15)).unwrap();
+        let mut behind = s.register(all(), Start::After(10)).unwrap();
+        // Upstream at 20: a changed at 12, b deleted (when? not said).
+        s.replace(vec![pod("a", 12, "n1", "x")], 20, Instant::now());
+        // The watcher at 15 held a state the difference was not made
+        // from: closed, and a re-watch from 15 is refused (it passes
+        // through upstream, which has the real history).
+        assert!(ahead.link.is_closed());
+        assert_eq!(types(&mut behind.rx), vec!["MODIFIED a 12", "DELETED b 20"]);
+        assert!(s.register(all(), Start::After(15)).is_err());
+        assert!(s.register(all(), Start::After(12)).is_err());
+        assert!(s.snapshot_at(15).is_none());
+        // From either end it is exact.
+        assert!(s.register(all(), Start::After(10)).is_ok());
+        assert!(s.register(all(), Start::After(20)).is_ok());
+        assert_eq!(s.snapshot_at(10).unwrap().len(), 2);
+        assert_eq!(s.snapshot_at(20).unwrap().len(), 1);
     }
 
     #[test]
