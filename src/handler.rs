@@ -212,6 +212,26 @@ impl Handler {
                             return (forbidden(&attrs, &reason).into_response(), Source::Proxy);
                         }
                         Err(error) => {
+                            // The node reading what the proxy itself reads
+                            // as that node (a node rebooted during an
+                            // outage: no earlier answer to stand in): the
+                            // apiserver authorized the cache's own
+                            // list+watch of the whole scope as this node;
+                            // nothing beyond the scope is served.
+                            if identity.as_ref().is_some_and(|u| {
+                                self.identity
+                                    .reads_resource_as(u, &info.api_group, &info.resource)
+                            }) {
+                                tracing::debug!(%error, "authorization unavailable; the node reads its own cache");
+                                if let Ok(resp) = self.answer_from_cache(cache, &req, info).await {
+                                    let resp = if websocket && info.verb == "watch" {
+                                        upgrade_watch(&mut req, &credential, resp)
+                                    } else {
+                                        resp
+                                    };
+                                    return (resp, Source::Cache);
+                                }
+                            }
                             // Upstream decides instead; it will authorize the
                             // request itself.
                             tracing::debug!(%error, "authorization unavailable; passing through");

@@ -30,6 +30,8 @@ use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use apimachinery::user::UserInfo;
+
 use crate::config::{CacheConfig, IdentityMode};
 use crate::upstream::{Credentials, Upstream};
 
@@ -123,6 +125,24 @@ impl Identity {
             Identity::Node { name, .. } => Some(name),
             Identity::AsGiven | Identity::Tier => None,
         }
+    }
+
+    /// Whether `user` is the node the proxy reads `group`/`resource` as
+    /// upstream: its own list+watch of that resource is then the node's
+    /// own, authorized by the apiserver for the cache's whole scope.
+    /// Used only while authorization cannot be asked (`handler.rs`).
+    pub fn reads_resource_as(&self, user: &UserInfo, group: &str, resource: &str) -> bool {
+        let Identity::Node { name, credential } = self else {
+            return false;
+        };
+        user.name == node_user(name)
+            && user.groups.iter().any(|g| g == "system:nodes")
+            && match credential {
+                NodeCredential::Certificate => true,
+                NodeCredential::AssociatedServiceAccount => {
+                    NODE_READABLE.contains(&(group, resource))
+                }
+            }
     }
 
     /// The `Impersonate-User` value the proxy's own reads of a resource

@@ -405,6 +405,23 @@ impl ControlPlane {
         f(&p).map_err(io_err("signalling kube-apiserver"))
     }
 
+    /// Stops the apiserver (`SIGKILL`) and leaves it down, as in an outage;
+    /// [`ControlPlane::start_apiserver`] brings it back. etcd keeps running.
+    pub fn stop_apiserver(&self) {
+        if let Ok(p) = self.apiserver.lock() {
+            p.kill();
+        }
+    }
+
+    /// Starts the apiserver again after [`ControlPlane::stop_apiserver`], on
+    /// the same port with the same data, and waits until it is ready.
+    ///
+    /// # Errors
+    /// When it does not start.
+    pub async fn start_apiserver(&self) -> Result<(), Error> {
+        self.start_apiserver_again(Duration::ZERO).await
+    }
+
     /// Kills the apiserver (`SIGKILL`, no shutdown at all), waits `down`,
     /// starts it again on the same port with the same data, and waits
     /// until it is ready.
