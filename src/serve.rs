@@ -78,6 +78,12 @@ pub async fn serve(
     let registry = Registry::new(options.limits);
     // Cancelled to close every connection gracefully.
     let drain = CancellationToken::new();
+    // HTTP/2 connections are told at once when the proxy stops accepting
+    // (GOAWAY): a client's next request opens a new connection, which a
+    // successor accepts after a handover. A request on the old one would
+    // get a watch that ends at once, and its client would resend it there
+    // in a tight loop for as long as the connection lived.
+    let h2_drain = CancellationToken::new();
     let mut tasks = JoinSet::new();
     loop {
         let (tcp, remote) = tokio::select! {
@@ -99,6 +105,8 @@ pub async fn serve(
         let metrics = metrics.clone();
         let registry = registry.clone();
         let drain = drain.clone();
+        let h2_drain = h2_drain.clone();
+        let stopping = shutdown.clone();
         let span = tracing::debug_span!("conn", client.addr = %remote);
         tasks.spawn(
             async move {
@@ -142,15 +150,30 @@ pub async fn serve(
                         let handler = handler.clone();
                         let conn = conn.clone();
                         let handle = handle.clone();
+                        let stopping = stopping.clone();
                         // Boxed: hyper keeps each HTTP/2 stream's future
                         // inline in the stream's task for the stream's whole
                         // life, so an unboxed handler (kilobytes of state)
                         // would stay allocated under every idle watch after
                         // it returned.
                         Box::pin(async move {
-                            Ok::<_, Infallible>(
-                                serve_request(&handler, &conn, &handle, by_certificate, req).await,
-                            )
+                            let http1 = req.version() < http::Version::HTTP_2;
+                            let mut resp =
+                                serve_request(&handler, &conn, &handle, by_certificate, req).await;
+                            // Stopping (a handover's linger, or the drain):
+                            // an HTTP/1.1 client's next request goes on a
+                            // new connection (as kube-apiserver's
+                            // `Connection: close` while shutting down).
+                            if http1
+                                && stopping.is_cancelled()
+                                && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
+                            {
+                                resp.headers_mut().insert(
+                                    http::header::CONNECTION,
+                                    http::HeaderValue::from_static("close"),
+                                );
+                            }
+                            Ok::<_, Infallible>(resp)
                         })
                     })
                 };
@@ -166,7 +189,7 @@ pub async fn serve(
                         std::pin::pin!(conn),
                         |c| c.graceful_shutdown(),
                         &handle,
-                        &drain,
+                        &h2_drain,
                         true,
                     )
                     .await
@@ -195,6 +218,7 @@ pub async fn serve(
         while tasks.try_join_next().is_some() {}
     }
     drop(listener);
+    h2_drain.cancel();
     if options
         .handed_over
         .load(std::sync::atomic::Ordering::SeqCst)
@@ -207,6 +231,7 @@ pub async fn serve(
         "stopped accepting; draining connections"
     );
     drain.cancel();
+    h2_drain.cancel();
     let drained = tokio::time::timeout(options.grace_period, async {
         while tasks.join_next().await.is_some() {}
     })

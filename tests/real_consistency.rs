@@ -141,3 +141,116 @@ async fn the_checker_finds_a_lost_event_and_heals_it() {
     }
     println!("healed {took:?} after the divergence (check period {period} s)");
 }
+
+/// What one consistency check costs, against a real apiserver: 5,000
+/// configmaps (about 1 KiB each) cached, checks every 2 s; the check's
+/// duration (`kube_cache_proxy_consistency_check_duration_seconds`), and
+/// what the apiserver served for it (its LIST requests and response
+/// bytes). Run by hand:
+/// `cargo test --all-features --test real_consistency checker_cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run by hand"]
+async fn checker_cost() {
+    let Some(env) = RealEnv::start_with(|c| {
+        cache_configmaps(c);
+        c.cache.consistency_check.period_seconds = 0;
+    })
+    .await
+    else {
+        return;
+    };
+    let ns = env.namespace("checker-cost").await;
+    let base = format!("/api/v1/namespaces/{ns}/configmaps");
+    let n = 5000;
+    let value = "x".repeat(900);
+    let admin = env.apiserver();
+    let mut tasks = Vec::new();
+    for w in 0..16 {
+        let (admin, base, value) = (admin.clone(), base.clone(), value.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in (w..n).step_by(16) {
+                let r = admin
+                    .post_json(
+                        &base,
+                        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": format!("cm-{i:05}"), "labels": {"app": "cost"}},
+                        "data": {"v": value}}),
+                    )
+                    .await;
+                assert_eq!(r.status, 201, "{}", r.text());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(env);
+    // A proxy checking every 2 s, once the cache holds them all.
+    let Some(env) = RealEnv::start_with(|c| {
+        cache_configmaps(c);
+        c.cache.consistency_check.period_seconds = 2;
+    })
+    .await
+    else {
+        return;
+    };
+    let list_bytes = |m: &str| {
+        metric_sum(
+            m,
+            "apiserver_response_sizes_sum",
+            &[("verb", "LIST"), ("resource", "configmaps")],
+        )
+    };
+    let lists = |m: &str| {
+        metric_sum(
+            m,
+            "apiserver_request_total",
+            &[("verb", "LIST"), ("resource", "configmaps")],
+        )
+    };
+    let checks = |m: &str| {
+        metric_sum(
+            m,
+            "kube_cache_proxy_consistency_check_duration_seconds_count",
+            &[("resource", "configmaps")],
+        )
+    };
+    let seconds = |m: &str| {
+        metric_sum(
+            m,
+            "kube_cache_proxy_consistency_check_duration_seconds_sum",
+            &[("resource", "configmaps")],
+        )
+    };
+    let cpu = |m: &str| metric_sum(m, "process_cpu_seconds_total", &[]);
+    // Past the first check.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while checks(&env.proxy_metrics().await) < 1.0 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (p0, a0) = (env.proxy_metrics().await, env.apiserver_metrics().await);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (p1, a1) = (env.proxy_metrics().await, env.apiserver_metrics().await);
+    let k = checks(&p1) - checks(&p0);
+    assert!(k >= 5.0, "{k} checks");
+    assert_eq!(
+        metric_sum(
+            &p1,
+            "kube_cache_proxy_consistency_checks_total",
+            &[("resource", "configmaps"), ("status", "failure")]
+        ),
+        0.0
+    );
+    println!(
+        "consistency check of {n} configmaps (~1 KiB each; {} checks): {:.0} ms per check in the \
+         proxy; the apiserver served {:.1} LIST requests and {:.0} KiB per check, and used {:.0} ms \
+         of CPU per check (its whole process, over 30 s); the proxy {:.0} ms",
+        k,
+        (seconds(&p1) - seconds(&p0)) / k * 1000.0,
+        (lists(&a1) - lists(&a0)) / k,
+        (list_bytes(&a1) - list_bytes(&a0)) / k / 1024.0,
+        (cpu(&a1) - cpu(&a0)) / k * 1000.0,
+        (cpu(&p1) - cpu(&p0)) / k * 1000.0,
+    );
+}

@@ -504,3 +504,70 @@ async fn a_socket_activated_restart_refuses_no_connection_and_loses_no_event() {
     assert!(second.wait().await.unwrap().success());
     let _ = std::fs::remove_dir_all(&s.dir);
 }
+
+/// A client that keeps its connection (HTTP/1.1 keep-alive, HTTP/2)
+/// re-watches on it when the proxy hands over: the old process must send
+/// it to a new connection (HTTP/2 GOAWAY at once, HTTP/1.1 `Connection:
+/// close`), not answer on the old one with watches that end at once. The
+/// robustness run found clients resending a watch there about 180 times in
+/// the handover's one-second linger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_sends_kept_connections_elsewhere_without_a_rewatch_storm() {
+    let sim = Arc::new(Sim::start(SimConfig::default()).await.unwrap());
+    let s = setup(&sim);
+    let mut first = start(&s, "first.log");
+    ready(&s).await;
+    let auth = Identity::admin().auth(&sim);
+    let url = format!("https://127.0.0.1:{}", s.port);
+    let rv: u64 = sim
+        .create(&support::configmaps(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kept", "namespace": "t"}}))
+        .unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut counters = Vec::new();
+    let mut tasks = Vec::new();
+    for h2 in [false, true] {
+        // One client, reused: its connection is kept.
+        let client = Client::new(&url, &s.ca_pem, auth.clone(), h2);
+        let rewatches = Arc::new(AtomicU64::new(0));
+        counters.push((h2, rewatches.clone()));
+        tasks.push(tokio::spawn(informer(
+            Arc::new(move || client.clone()),
+            "/api/v1/namespaces/t/configmaps".into(),
+            rv,
+            Arc::new(Mutex::new(Vec::new())),
+            Arc::new(Mutex::new(Vec::new())),
+            stop.clone(),
+            rewatches,
+        )));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut second = start(&s, "second.log");
+    wait_for_log(
+        &s.dir.join("first.log"),
+        "drained; idle until stopped",
+        Duration::from_secs(20),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for (h2, rewatches) in counters {
+        let n = rewatches.load(Ordering::SeqCst);
+        assert!(
+            n <= 3,
+            "HTTP/{}: {n} re-watches through the handover",
+            if h2 { 2 } else { 1 }
+        );
+    }
+    sigterm(&first);
+    first.wait().await.unwrap();
+    sigterm(&second);
+    second.wait().await.unwrap();
+    let _ = std::fs::remove_dir_all(&s.dir);
+}

@@ -328,6 +328,28 @@ pub struct Segment {
     /// What it delivered, in order.
     pub events: Vec<Observed>,
     pub end: End,
+    /// When the request was sent and when the stream ended (Unix seconds).
+    pub started: f64,
+    pub ended: f64,
+}
+
+impl Segment {
+    /// Its start, briefly (a list's items left out).
+    pub fn start_summary(&self) -> String {
+        match &self.start {
+            Start::From(rv) => format!("from {rv}"),
+            Start::Listed { rv, items } => format!("listed {} at {rv}", items.len()),
+            Start::InitialEvents => "initial events".into(),
+        }
+    }
+}
+
+/// Now, in Unix seconds.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
 }
 
 /// A list a client made with `resourceVersion=0` or a

@@ -74,6 +74,15 @@ pub struct PropertyReport {
     pub first: Option<Anomaly>,
 }
 
+/// One row of the fault × property table.
+#[derive(Debug, Default, Clone)]
+pub struct FaultRow {
+    pub faults: u64,
+    pub segments: usize,
+    pub events: usize,
+    pub anomalies: BTreeMap<Property, u64>,
+}
+
 /// What a run found.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
@@ -82,6 +91,10 @@ pub struct Report {
     pub faults: Injected,
     /// Fault lines, in order, with their time since the start.
     pub timeline: Vec<(f64, String)>,
+    /// Per fault kind: the watch requests whose streams were open while a
+    /// fault of that kind was (or in the 5 s after it), the events they
+    /// carried, and their anomalies by property.
+    pub by_fault: BTreeMap<FaultKind, FaultRow>,
     pub watchers: usize,
     pub segments: usize,
     /// Object events validated against the reference.
@@ -94,6 +107,9 @@ pub struct Report {
     pub changes: usize,
     pub anomalies: BTreeMap<Property, PropertyReport>,
     pub failures: BTreeMap<String, u64>,
+    /// The watchers with the most watch requests, and how their requests
+    /// ended.
+    pub busiest: Vec<(String, usize, String)>,
     pub written: BTreeMap<String, u64>,
     /// Where the run's files are.
     pub dir: PathBuf,
@@ -156,6 +172,46 @@ impl Report {
                     .join(", ")
             ),
         );
+        w(&mut out, "fault x property (watch requests open during a fault or the 5 s after it; events they carried; anomalies):".into());
+        let mut header = format!(
+            "  {:<18} {:>6} {:>8} {:>8}",
+            "fault", "faults", "requests", "events"
+        );
+        for p in Property::ALL {
+            header.push_str(&format!(" {:>4}", short_property(p)));
+        }
+        w(&mut out, header);
+        for (k, row) in &self.by_fault {
+            let mut line = format!(
+                "  {:<18} {:>6} {:>8} {:>8}",
+                k.as_str(),
+                row.faults,
+                row.segments,
+                row.events
+            );
+            for p in Property::ALL {
+                line.push_str(&format!(
+                    " {:>4}",
+                    row.anomalies.get(&p).copied().unwrap_or(0)
+                ));
+            }
+            w(&mut out, line);
+        }
+        w(
+            &mut out,
+            format!(
+                "  columns: {}",
+                Property::ALL
+                    .iter()
+                    .map(|p| format!("{}={}", short_property(*p), p.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+        w(&mut out, "watchers with the most watch requests:".into());
+        for (name, n, ends) in &self.busiest {
+            w(&mut out, format!("  {n:>6}  {name}: {ends}"));
+        }
         w(&mut out, "anomalies by property:".into());
         for p in Property::ALL {
             let r = self.anomalies.get(&p).cloned().unwrap_or_default();
@@ -195,6 +251,22 @@ impl Report {
             },
         );
         out
+    }
+}
+
+/// A property's column name in the fault table.
+fn short_property(p: Property) -> &'static str {
+    match p {
+        Property::Ordered => "ord",
+        Property::Unique => "uniq",
+        Property::Reliable => "rel",
+        Property::Valid => "val",
+        Property::Resumable => "res",
+        Property::Bookmarkable => "bkm",
+        Property::SelectorTransitions => "sel",
+        Property::InitialState => "init",
+        Property::FinalState => "fin",
+        Property::Reads => "read",
     }
 }
 
@@ -524,6 +596,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
     };
     let mut injected = Injected::default();
     let mut timeline = Vec::new();
+    let mut windows: Vec<(FaultKind, f64, f64)> = Vec::new();
     let faults_started = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
     // Every kind once, in a seeded order, then drawn by weight.
@@ -537,9 +610,11 @@ pub async fn run(opts: &Options) -> Result<Report> {
             break;
         };
         let at = faults_started.elapsed().as_secs_f64();
+        let from = crate::model::unix_now();
         let what = faults::inject(kind, &mut topo, &ctx, &mut rng, &mut injected)
             .await
             .with_context(|| format!("injecting {kind} at {at:.0}s"))?;
+        windows.push((kind, from, crate::model::unix_now()));
         println!("[{at:7.1}s] {kind}: {what}");
         timeline.push((at, format!("{kind}: {what}")));
         let gap = opts.gap.0 + (opts.gap.1 - opts.gap.0) * rng.f64();
@@ -615,10 +690,53 @@ pub async fn run(opts: &Options) -> Result<Report> {
     };
     let segments = recording.segments();
     report.segments = segments.len();
+    // Every stream, for a post-mortem.
+    let dump: String = segments
+        .iter()
+        .map(|s| {
+            format!(
+                "{:.3} {:.3} {} via {}: {:?} -> {:?}, {} items: {:?}\n",
+                s.started,
+                s.ended,
+                s.watcher,
+                s.target,
+                s.start_summary(),
+                s.end,
+                s.events.len(),
+                s.events.iter().take(3).collect::<Vec<_>>()
+            )
+        })
+        .collect();
+    let _ = std::fs::write(dir.join("segments.txt"), dump);
     let mut by_watcher: BTreeMap<String, Vec<&Segment>> = BTreeMap::new();
     for s in &segments {
         by_watcher.entry(s.watcher.clone()).or_default().push(s);
     }
+    let mut busiest: Vec<(String, usize, String)> = by_watcher
+        .iter()
+        .map(|(name, segs)| {
+            let mut ends: BTreeMap<String, usize> = BTreeMap::new();
+            for s in segs {
+                let e = match &s.end {
+                    crate::model::End::Closed if s.events.is_empty() => "closed empty".to_string(),
+                    crate::model::End::Closed => "closed".to_string(),
+                    crate::model::End::Broken(_) => "broken".to_string(),
+                    crate::model::End::Error(c, _) => format!("error {c}"),
+                    crate::model::End::Stopped => "stopped".to_string(),
+                };
+                *ends.entry(e).or_default() += 1;
+            }
+            let ends = ends
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            (name.clone(), segs.len(), ends)
+        })
+        .collect();
+    busiest.sort_by_key(|b| std::cmp::Reverse(b.1));
+    busiest.truncate(5);
+    report.busiest = busiest;
     let empty = BTreeSet::new();
     for (name, segs) in &by_watcher {
         let mut state: Option<WatcherState> = None;
@@ -631,6 +749,17 @@ pub async fn run(opts: &Options) -> Result<Report> {
             let r = validate::validate_segment(&reference, seg, before, rl);
             report.events += r.events;
             report.windows += r.windows;
+            let mut seen: BTreeSet<FaultKind> = BTreeSet::new();
+            for (kind, from, to) in &windows {
+                if seg.started <= to + 5.0 && seg.ended >= *from && seen.insert(*kind) {
+                    let row = report.by_fault.entry(*kind).or_default();
+                    row.segments += 1;
+                    row.events += r.events;
+                    for a in &r.anomalies {
+                        *row.anomalies.entry(a.property).or_default() += 1;
+                    }
+                }
+            }
             for a in r.anomalies {
                 report.add(a);
             }
@@ -689,8 +818,13 @@ pub async fn run(opts: &Options) -> Result<Report> {
             }
         }
     }
+    for (kind, n) in &report.faults.by_kind {
+        report.by_fault.entry(*kind).or_default().faults = *n;
+    }
     let reads = recording.reads();
     report.reads = reads.len();
+    // Reads are counted apart: a read is not a stream (the table's
+    // requests are watch requests).
     for a in validate::validate_reads(&reads) {
         report.add(a);
     }

@@ -871,6 +871,8 @@ mod tests {
             start,
             events,
             end: End::Closed,
+            started: 0.0,
+            ended: 0.0,
         }
     }
 

@@ -162,6 +162,7 @@ pub async fn run(
     let mut relist = false;
     let mut failures = 0u32;
     while !stop.is_cancelled() {
+        let started = crate::model::unix_now();
         let (start, result) = match (last_rv, spec.mode) {
             (Some(rv), _) if !relist => (
                 Start::From(rv),
@@ -203,6 +204,8 @@ pub async fn run(
                         start: Start::Listed { rv, items },
                         events: Vec::new(),
                         end: End::Broken(short(&e)),
+                        started,
+                        ended: crate::model::unix_now(),
                     });
                     last_rv = Some(rv);
                     relist = false;
@@ -252,6 +255,8 @@ pub async fn run(
             start,
             events: outcome.events,
             end: outcome.end,
+            started,
+            ended: crate::model::unix_now(),
         });
         if failures > 0 {
             backoff(failures, &stop).await;
@@ -689,10 +694,7 @@ pub async fn reader(
                             resource,
                             not_older_than,
                             rv,
-                            at: std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_secs_f64())
-                                .unwrap_or_default(),
+                            at: crate::model::unix_now(),
                         });
                         newest = Some(newest.map_or(rv, |n| n.max(rv)));
                     }
