@@ -209,6 +209,43 @@ async fn consistent_reads_of_a_quiet_resource_are_served_after_a_progress_watch(
 }
 
 #[tokio::test]
+async fn a_token_issued_upstream_ahead_of_a_quiet_cache_is_continued_upstream_at_once() {
+    let env = env_with(|_| {}).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    for name in ["a", "b", "c"] {
+        c.post_json("/api/v1/namespaces/t/configmaps", &cm("t", name, "v"))
+            .await;
+    }
+    // The cache is current, then writes elsewhere move upstream's RV past it.
+    let pods = Gvr {
+        resource: "pods".into(),
+        ..cms()
+    };
+    for i in 0..3 {
+        env.sim
+            .create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("p{i}"), "namespace": "t"}, "spec": {"containers": []}}))
+            .unwrap();
+    }
+    let direct = env.direct(Identity::admin().auth(&env.sim));
+    let first = direct
+        .get("/api/v1/namespaces/t/configmaps?limit=1")
+        .await
+        .json();
+    let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    let next = format!("/api/v1/namespaces/t/configmaps?limit=5&continue={token}");
+    let ahead = "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"continue_token_ahead_of_the_cache\",resource=\"configmaps\",source=\"upstream\",verb=\"LIST\"}";
+    let before = metric(&env, ahead).await;
+    let started = Instant::now();
+    let page = c.get(&next).await;
+    let took = started.elapsed();
+    assert_eq!(page.body, direct.get(&next).await.body, "upstream's page");
+    assert_eq!(names(&page.json()), vec!["b", "c"]);
+    assert_eq!(metric(&env, ahead).await, before + 1.0);
+    // No wait for a bookmark (about a second away on a quiet resource).
+    assert!(took < Duration::from_millis(500), "{took:?}");
+}
+
+#[tokio::test]
 async fn resource_version_rules() {
     let env = env_with(|c| c.cache.not_older_than_wait_milliseconds = 300).await;
     let c = env.proxy(Identity::admin().auth(&env.sim));
