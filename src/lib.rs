@@ -9,6 +9,7 @@ pub mod admin;
 pub mod auth;
 pub mod cache;
 pub mod cli;
+pub mod coalesce;
 pub mod config;
 pub mod conns;
 pub mod csr;

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::auth::{ClientCertificate, UserInfo};
+use crate::coalesce::{Coalesced, Polls};
 use crate::conns::{ConnHandle, Limits, Registry, token_client, too_many_requests};
 use crate::handler::{ConnInfo, Handler};
 use crate::metrics::Metrics;
@@ -177,8 +178,9 @@ pub async fn serve(
                         })
                     })
                 };
-                let io = TokioIo::new(tls);
                 let result = if h2 {
+                    let polls = Polls::default();
+                    let io = TokioIo::new(Coalesced::new(tls, polls.clone()));
                     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .timer(TokioTimer::new())
                         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
@@ -190,10 +192,11 @@ pub async fn serve(
                         |c| c.graceful_shutdown(),
                         &handle,
                         &h2_drain,
-                        true,
+                        Some(&polls),
                     )
                     .await
                 } else {
+                    let io = TokioIo::new(tls);
                     let conn = hyper::server::conn::http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -204,7 +207,7 @@ pub async fn serve(
                         |c| c.graceful_shutdown(),
                         &handle,
                         &drain,
-                        false,
+                        None,
                     )
                     .await
                 };
@@ -271,24 +274,26 @@ async fn serve_request(
 }
 
 /// Serves a connection until it ends, closing it gracefully when the
-/// server drains, when the registry evicts it, or (HTTP/2) when it has had
-/// no stream for [`crate::conns::H2_IDLE_TIMEOUT`].
+/// server drains, when the registry evicts it, or (HTTP/2, `polls` set:
+/// its writes are [`Coalesced`]) when it has had no stream for
+/// [`crate::conns::H2_IDLE_TIMEOUT`].
 async fn drive<C>(
     mut conn: Pin<&mut C>,
     graceful: fn(Pin<&mut C>),
     handle: &ConnHandle,
     drain: &CancellationToken,
-    h2: bool,
+    polls: Option<&Polls>,
 ) -> Result<(), hyper::Error>
 where
     C: Future<Output = Result<(), hyper::Error>>,
 {
+    let h2 = polls.is_some();
     let mut closing = false;
     let mut check = tokio::time::interval(IDLE_CHECK);
     check.tick().await;
     loop {
         tokio::select! {
-            result = conn.as_mut() => return result,
+            result = Ticking { conn: conn.as_mut(), polls } => return result,
             _ = drain.cancelled(), if !closing => {
                 closing = true;
                 graceful(conn.as_mut());
@@ -307,6 +312,26 @@ where
                 }
             }
         }
+    }
+}
+
+/// `conn`, ticking `polls` as each of its polls starts.
+struct Ticking<'a, C> {
+    conn: Pin<&'a mut C>,
+    polls: Option<&'a Polls>,
+}
+
+impl<C: Future> Future for Ticking<'_, C> {
+    type Output = C::Output;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        if let Some(polls) = self.polls {
+            polls.tick();
+        }
+        self.conn.as_mut().poll(cx)
     }
 }
 

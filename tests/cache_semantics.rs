@@ -610,6 +610,45 @@ async fn k_clients_cost_one_upstream_watch() {
     );
 }
 
+#[tokio::test]
+async fn many_streams_of_one_http2_connection_get_each_event_at_once() {
+    // The connection's writes are coalesced (`coalesce.rs`): what one event
+    // queues on a hundred streams goes out together, and nothing is held
+    // back past the next turn of the scheduler.
+    let env = env_with(|_| {}).await;
+    let c = env.proxy_h2(Identity::admin().auth(&env.sim));
+    let l = c
+        .get("/api/v1/namespaces/h2/configmaps?resourceVersion=0")
+        .await
+        .json();
+    let rv = l["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/api/v1/namespaces/h2/configmaps?watch=1&resourceVersion={rv}");
+    let mut watches = Vec::new();
+    for _ in 0..100 {
+        watches.push(c.watch(&path, &[]).await);
+    }
+    let mut slowest = Duration::ZERO;
+    for i in 0..10 {
+        let written = Instant::now();
+        c.post_json(
+            "/api/v1/namespaces/h2/configmaps",
+            &cm("h2", &format!("cm-{i}"), "a"),
+        )
+        .await;
+        for w in &mut watches {
+            let e = w.event(SOON).await;
+            assert_eq!(e["object"]["metadata"]["name"], format!("cm-{i}"));
+        }
+        slowest = slowest.max(written.elapsed());
+    }
+    // Held back until some later traffic (a ping every 30 s), the last
+    // stream would wait seconds.
+    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+}
+
 /// Reads a watch until `n` events arrived, skipping bookmarks.
 async fn changes(w: &mut WatchStream, n: usize) -> Vec<(String, String)> {
     let mut out = Vec::new();

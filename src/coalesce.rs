@@ -1,0 +1,254 @@
+//! An HTTP/2 connection's writes, coalesced into fewer TLS records and
+//! syscalls.
+//!
+//! h2 writes every DATA frame larger than 256 bytes as its own vectored
+//! write (`h2::codec::FramedWrite` chains the payload instead of copying
+//! it, one frame at a time), and each reaches the socket at once: TLS
+//! seals it into its own record and `writev` sends it. When one event goes
+//! to the hundred watch streams of a connection, that is a hundred records
+//! and a hundred syscalls, about one per delivered event: measured, the
+//! kernel's half of the proxy's CPU per delivered event.
+//!
+//! [`Coalesced`] copies what h2 writes into a buffer and defers the first
+//! flush of a burst by one turn of the scheduler: it wakes the connection
+//! and lets the streams whose bodies are ready meanwhile (the other
+//! watchers of the same event) queue their frames, then writes them all
+//! at once, in 16 KiB records. h2 flushes at the end of every poll of the
+//! connection (`Prioritize::poll_complete`), so the next poll writes what
+//! was held back; shutdown writes it too. At most [`MAX_BUFFERED`] bytes
+//! are held: beyond that, writes go through (and wait for the socket, so
+//! a slow client still pushes back).
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Most bytes held back before writes go through to the socket.
+pub const MAX_BUFFERED: usize = 256 * 1024;
+
+/// Counts the polls of a connection's task, so that [`Coalesced`] knows
+/// when the task has yielded since it deferred a flush.
+#[derive(Debug, Clone, Default)]
+pub struct Polls(Arc<AtomicU64>);
+
+impl Polls {
+    /// Marks the start of a poll of the connection.
+    pub fn tick(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// `inner` with coalesced writes (see the module).
+#[derive(Debug)]
+pub struct Coalesced<T> {
+    inner: T,
+    buf: BytesMut,
+    polls: Polls,
+    /// The poll during which a flush was deferred, while one is.
+    deferred: Option<u64>,
+}
+
+impl<T> Coalesced<T> {
+    /// Wraps `inner`, whose connection's task ticks `polls`.
+    pub fn new(inner: T, polls: Polls) -> Self {
+        Self {
+            inner,
+            buf: BytesMut::new(),
+            polls,
+            deferred: None,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> Coalesced<T> {
+    /// Writes what is held back.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.buf.is_empty() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.buf))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.buf.advance(n);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Makes room for `len` more bytes: writes what is held back if they
+    /// would not fit.
+    fn poll_room(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<()>> {
+        if self.buf.len() + len > MAX_BUFFERED {
+            ready!(self.poll_drain(cx))?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Coalesced<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        ready!(this.poll_room(cx, data.len()))?;
+        if data.len() > MAX_BUFFERED {
+            return Pin::new(&mut this.inner).poll_write(cx, data);
+        }
+        this.buf.extend_from_slice(data);
+        Poll::Ready(Ok(data.len()))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let len = bufs.iter().map(|b| b.len()).sum::<usize>();
+        ready!(this.poll_room(cx, len))?;
+        if len > MAX_BUFFERED {
+            return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        }
+        this.buf.reserve(len);
+        for b in bufs {
+            this.buf.extend_from_slice(b);
+        }
+        Poll::Ready(Ok(len))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.buf.is_empty() {
+            this.deferred = None;
+            return Pin::new(&mut this.inner).poll_flush(cx);
+        }
+        let now = this.polls.now();
+        match this.deferred {
+            // Deferred during this poll: the wake is on its way.
+            Some(at) if at == now => return Poll::Ready(Ok(())),
+            // The task has yielded since: write the burst.
+            Some(_) => {}
+            None => {
+                this.deferred = Some(now);
+                cx.waker().wake_by_ref();
+                return Poll::Ready(Ok(()));
+            }
+        }
+        ready!(this.poll_drain(cx))?;
+        this.deferred = None;
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_drain(cx))?;
+        self.deferred = None;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Polls `f` once, as one poll of the connection's task.
+    fn once<R>(polls: &Polls, f: impl FnOnce(&mut Context<'_>) -> R) -> R {
+        polls.tick();
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        f(&mut cx)
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_written_once_the_task_has_yielded() {
+        let (client, mut server) = tokio::io::duplex(1 << 20);
+        let polls = Polls::default();
+        let mut w = Coalesced::new(client, polls.clone());
+        // One poll: three frames and a flush, all held back.
+        once(&polls, |cx| {
+            for frame in [&b"one "[..], b"two ", b"three"] {
+                assert!(Pin::new(&mut w).poll_write(cx, frame).is_ready());
+            }
+            assert!(matches!(
+                Pin::new(&mut w).poll_flush(cx),
+                Poll::Ready(Ok(()))
+            ));
+            // A second flush in the same poll still waits for the yield.
+            assert!(matches!(
+                Pin::new(&mut w).poll_flush(cx),
+                Poll::Ready(Ok(()))
+            ));
+        });
+        let mut got = [0u8; 13];
+        assert!(
+            tokio::time::timeout(
+                std::time::Duration::from_millis(50),
+                server.read_exact(&mut got[..1])
+            )
+            .await
+            .is_err(),
+            "held back until the next poll"
+        );
+        // The next poll writes the burst.
+        once(&polls, |cx| {
+            let vectored = [IoSlice::new(b" four")];
+            assert!(
+                Pin::new(&mut w)
+                    .poll_write_vectored(cx, &vectored)
+                    .is_ready()
+            );
+            assert!(matches!(
+                Pin::new(&mut w).poll_flush(cx),
+                Poll::Ready(Ok(()))
+            ));
+        });
+        let mut all = vec![0u8; 18];
+        server.read_exact(&mut all).await.unwrap();
+        assert_eq!(all, b"one two three four");
+    }
+
+    #[tokio::test]
+    async fn shutdown_and_large_writes_go_through() {
+        let (client, mut server) = tokio::io::duplex(4 * MAX_BUFFERED);
+        let polls = Polls::default();
+        let mut w = Coalesced::new(client, polls.clone());
+        w.write_all(b"held").await.unwrap();
+        let big = vec![7u8; MAX_BUFFERED + 1];
+        // Past the limit: what was held, then the write itself.
+        w.write_all(&big).await.unwrap();
+        let mut got = vec![0u8; 4 + big.len()];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got[..4], b"held");
+        w.write_all(b"last").await.unwrap();
+        poll_fn(|cx| Pin::new(&mut w).poll_shutdown(cx))
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        server.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"last");
+    }
+}
