@@ -31,6 +31,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// Most bytes held back before writes go through to the socket.
 pub const MAX_BUFFERED: usize = 256 * 1024;
 
+/// The buffer's capacity kept once drained; a bigger one is freed, so an
+/// idle connection holds no more than this (most hold none: the buffer is
+/// allocated by the first write).
+const KEEP_CAPACITY: usize = 4 * 1024;
+
 /// Counts the polls of a connection's task, so that [`Coalesced`] knows
 /// when the task has yielded since it deferred a flush.
 #[derive(Debug, Clone, Default)]
@@ -78,6 +83,9 @@ impl<T: AsyncWrite + Unpin> Coalesced<T> {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.buf.advance(n);
+        }
+        if self.buf.capacity() > KEEP_CAPACITY {
+            self.buf = BytesMut::new();
         }
         Poll::Ready(Ok(()))
     }
