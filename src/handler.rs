@@ -388,7 +388,7 @@ impl Handler {
                 // its client re-watches (from the successor, after a
                 // takeover) from its last resourceVersion.
                 if info.verb == "watch" && parts.status == http::StatusCode::OK {
-                    let shutdown = self.shutdown.clone().cancelled_owned();
+                    let shutdown = self.shutdown.child_token().cancelled_owned();
                     let moved = site_changed;
                     body = proxy::drainable_watch(
                         body,

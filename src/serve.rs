@@ -288,6 +288,9 @@ where
     C: Future<Output = Result<(), hyper::Error>>,
 {
     let h2 = polls.is_some();
+    // A child token: polled whenever the connection is, the server-wide
+    // token's mutex would be contended by every connection.
+    let drain = drain.child_token();
     let mut closing = false;
     let mut check = tokio::time::interval(IDLE_CHECK);
     check.tick().await;

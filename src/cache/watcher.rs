@@ -198,7 +198,9 @@ impl Watch {
             deadline,
             deadline_timer: Box::pin(tokio::time::sleep_until(deadline)),
             bookmark_timer: Box::pin(tokio::time::sleep_until(deadline)),
-            shutdown: Box::pin(shutdown.cancelled_owned()),
+            // A child token: polled on every wait of every watcher, the
+            // server-wide token's mutex would be contended by all of them.
+            shutdown: Box::pin(shutdown.child_token().cancelled_owned()),
             done: false,
             repr: params.repr,
             codec: None,
