@@ -80,6 +80,7 @@ fn codec(c: &Case) -> ProtoCodec {
         c.api_version,
         IntGauge::new("b", "b").unwrap(),
         IntCounter::new("f", "f").unwrap(),
+        encode::ProtoForms::new(64 << 20).for_resource(0),
     )
     .unwrap()
 }
@@ -123,7 +124,7 @@ fn sizes() {
         let meta_pb = encode::object_bytes(&o, Some(&codec), META).unwrap().len();
         // Memory: the object as cached (JSON, key, labels, fields,
         // bookkeeping) plus its protobuf form.
-        let memory = o.heap_size() + o.proto_size() + std::mem::size_of::<encode::ProtoForm>();
+        let memory = o.heap_size() + pb.envelope().len() + std::mem::size_of::<encode::ProtoForm>();
         eprintln!(
             "{:<14} {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9} | {:>6.2}x {:>6.2}x",
             c.name,

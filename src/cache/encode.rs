@@ -2,10 +2,14 @@
 //! JSON as received, protobuf (built-in types), and
 //! `PartialObjectMetadata[List]` in either.
 //!
-//! Like the apiserver's `cachingObject`, each object version is encoded in
-//! protobuf at most once, when the first reader asks for it, and the
-//! envelope is shared by every get, list and watch event that carries that
-//! version ([`ProtoForm`]). The metadata-only forms are slices of what is
+//! Like the apiserver's `cachingObject`, an object version is encoded in
+//! protobuf when the first reader asks for it, and the envelope is shared
+//! by every get, list and watch event that carries that version
+//! ([`ProtoForm`]). The encodings are kept in [`ProtoForms`], bounded in
+//! bytes and idle time (`cache.protobufCacheMib`): a version evicted from
+//! it is encoded again by its next protobuf reader, so memory holds JSON
+//! once plus a bounded working set, whatever was read in protobuf once.
+//! The metadata-only forms are slices of what is
 //! held: the `metadata` bytes of the object's JSON, or the `ObjectMeta`
 //! field of its protobuf message, behind a fixed header. Watch frames are
 //! built once per event and representation (`event.rs`).
@@ -16,7 +20,9 @@
 //! `cache_encode_failures_total` counts it.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use apimachinery::protobuf::{self, ENVELOPE_TAIL, Message};
 use bytes::{Bytes, BytesMut};
@@ -34,6 +40,77 @@ pub const JSON: &str = "application/json";
 /// A protobuf watch stream's content type.
 pub const PROTOBUF_WATCH: &str = "application/vnd.kubernetes.protobuf;stream=watch";
 
+/// How long an encoding nobody read stays in [`ProtoForms`].
+const FORM_IDLE: Duration = Duration::from_secs(600);
+
+/// Bytes counted per kept encoding beyond its envelope (the entry, the
+/// key, the form's bookkeeping).
+const FORM_OVERHEAD: usize = 160;
+
+/// A kept encoding's key: the resource's index, the object's key and
+/// resourceVersion.
+type FormKey = (u32, Arc<str>, u64);
+
+/// The protobuf encodings kept for cached objects, shared by all
+/// resources: at most a budget of bytes, least recently and frequently
+/// used evicted first (moka's TinyLFU), and none left unread for
+/// [`FORM_IDLE`]. A budget of 0 keeps none: every protobuf read encodes.
+#[derive(Clone)]
+pub struct ProtoForms(Option<moka::sync::Cache<FormKey, Arc<ProtoForm>>>);
+
+impl std::fmt::Debug for ProtoForms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ProtoForms")
+            .field(&self.0.as_ref().map(|c| c.policy().max_capacity()))
+            .finish()
+    }
+}
+
+impl ProtoForms {
+    /// Kept encodings of at most `budget` bytes in all.
+    pub fn new(budget: u64) -> Self {
+        Self((budget > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(budget)
+                .weigher(|_: &FormKey, f: &Arc<ProtoForm>| {
+                    u32::try_from(f.envelope.len() + FORM_OVERHEAD).unwrap_or(u32::MAX)
+                })
+                .time_to_idle(FORM_IDLE)
+                .build()
+        }))
+    }
+
+    /// The slot of the resource at `index`: its codec keeps its forms here.
+    pub fn for_resource(&self, index: u32) -> FormSlot {
+        FormSlot {
+            forms: self.clone(),
+            index,
+        }
+    }
+
+    /// Applies pending evictions now (moka does it in the background of
+    /// later calls), for measurements and tests.
+    pub fn settle(&self) {
+        if let Some(c) = &self.0 {
+            // Each call works through a bounded batch of the pending ones.
+            for _ in 0..64 {
+                c.run_pending_tasks();
+                if c.weighted_size() <= c.policy().max_capacity().unwrap_or(u64::MAX) {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One resource's place in [`ProtoForms`].
+#[derive(Debug, Clone)]
+pub struct FormSlot {
+    forms: ProtoForms,
+    /// The resource's index in the forms' keys.
+    index: u32,
+}
+
 /// How a resource's objects are encoded in protobuf.
 #[derive(Debug)]
 pub struct ProtoCodec {
@@ -44,6 +121,7 @@ pub struct ProtoCodec {
     bytes: IntGauge,
     failures: IntCounter,
     broken: AtomicBool,
+    slot: FormSlot,
 }
 
 /// An object version's protobuf envelope, and where its message and its
@@ -93,6 +171,7 @@ impl ProtoCodec {
         api_version: &str,
         bytes: IntGauge,
         failures: IntCounter,
+        slot: FormSlot,
     ) -> Option<ProtoCodec> {
         let message = protobuf::message_for(group, version, kind)?;
         // Every kind's ObjectMeta is field 1, which metadata-only reads
@@ -104,7 +183,24 @@ impl ProtoCodec {
             bytes,
             failures,
             broken: AtomicBool::new(false),
+            slot,
         })
+    }
+
+    /// Applies pending evictions of the kept encodings (see
+    /// [`ProtoForms::settle`]).
+    pub fn settle_forms(&self) {
+        self.slot.forms.settle();
+    }
+
+    /// `o`'s protobuf form: kept, or encoded now (and kept, within the
+    /// budget); `None` when it cannot be encoded.
+    pub fn form(&self, o: &CachedObject) -> Option<Arc<ProtoForm>> {
+        let Some(forms) = &self.slot.forms.0 else {
+            return self.encode(o.json()).map(Arc::new);
+        };
+        let key = (self.slot.index, o.key_arc().clone(), o.rv);
+        forms.optionally_get_with(key, || self.encode(o.json()).map(Arc::new))
     }
 
     /// Whether an object of the resource failed to encode: protobuf reads
@@ -315,5 +411,79 @@ pub fn representation_label(repr: Representation) -> &'static str {
         (Encoding::Protobuf, None) => "protobuf",
         (Encoding::Json, Some(_)) => "metadata_json",
         (Encoding::Protobuf, Some(_)) => "metadata_protobuf",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::FieldSet;
+
+    fn codec(forms: ProtoForms, bytes: &IntGauge) -> ProtoCodec {
+        ProtoCodec::new(
+            "",
+            "v1",
+            "ConfigMap",
+            "v1",
+            bytes.clone(),
+            IntCounter::new("f", "f").unwrap(),
+            forms.for_resource(0),
+        )
+        .unwrap()
+    }
+
+    fn cm(i: usize, rv: u64) -> CachedObject {
+        let json = format!(
+            r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"name":"cm-{i}","namespace":"ns","resourceVersion":"{rv}"}},"data":{{"k":"{}"}}}}"#,
+            "x".repeat(1000)
+        );
+        CachedObject::from_json(json.as_bytes(), FieldSet::Default, true).unwrap()
+    }
+
+    #[test]
+    fn kept_encodings_are_shared_and_bounded() {
+        let bytes = IntGauge::new("b", "b").unwrap();
+        let c = codec(ProtoForms::new(16 * 1024), &bytes);
+        let o = cm(0, 5);
+        let first = o.proto(&c).unwrap();
+        assert!(Arc::ptr_eq(&first, &o.proto(&c).unwrap()), "kept, shared");
+        // A new version of the object is a new encoding.
+        let newer = cm(0, 6);
+        assert!(!Arc::ptr_eq(&first, &newer.proto(&c).unwrap()));
+        drop(first);
+        // Past the budget (about 15 of these), the oldest go.
+        let objects: Vec<_> = (0..100).map(|i| cm(i, 7)).collect();
+        for o in &objects {
+            o.proto(&c).unwrap();
+        }
+        c.settle_forms();
+        let kept = c.slot.forms.0.as_ref().unwrap().weighted_size();
+        assert!(kept > 0 && kept <= 16 * 1024, "{kept} bytes kept");
+        // Evicted encodings are freed once the map's epoch-based
+        // reclamation runs: the memory alive stays near the budget however
+        // many are encoded.
+        let more: Vec<_> = (100..2100).map(|i| cm(i, 7)).collect();
+        for o in &more {
+            o.proto(&c).unwrap();
+        }
+        c.settle_forms();
+        let alive = bytes.get();
+        assert!(alive < 4 * 16 * 1024, "{alive} bytes alive");
+        // Evicted ones are encoded again, identically.
+        let again = objects[0].proto(&c).unwrap();
+        let fresh = c.encode(objects[0].json()).unwrap();
+        assert_eq!(again.envelope(), fresh.envelope());
+    }
+
+    #[test]
+    fn a_budget_of_zero_keeps_none() {
+        let bytes = IntGauge::new("b", "b").unwrap();
+        let c = codec(ProtoForms::new(0), &bytes);
+        let o = cm(0, 5);
+        let form = o.proto(&c).unwrap();
+        assert!(bytes.get() > 0, "alive while read");
+        drop(form);
+        assert_eq!(bytes.get(), 0, "and gone after");
+        assert!(!Arc::ptr_eq(&o.proto(&c).unwrap(), &o.proto(&c).unwrap()));
     }
 }

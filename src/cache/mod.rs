@@ -67,6 +67,7 @@ impl Caches {
             not_older_than_wait: Duration::from_millis(config.not_older_than_wait_milliseconds),
             ready_wait: Duration::from_millis(config.ready_wait_milliseconds),
         };
+        let forms = encode::ProtoForms::new(config.protobuf_cache_mib.saturating_mul(1 << 20));
         for (i, r) in config.resources.iter().enumerate() {
             let known = built_in(&r.group, &r.version, &r.resource);
             let kind = r
@@ -97,6 +98,7 @@ impl Caches {
                         &api_version,
                         resource_metrics.protobuf_bytes.clone(),
                         resource_metrics.encode_failures.clone(),
+                        forms.for_resource(u32::try_from(i).unwrap_or(u32::MAX)),
                     )
                 })
                 .flatten()

@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
@@ -111,9 +111,6 @@ pub struct CachedObject {
     rv_span: (u32, u32),
     /// Byte range of the `metadata` value (a `PartialObjectMetadata`'s).
     meta_span: (u32, u32),
-    /// The protobuf form, encoded when the first reader needs it (`None`
-    /// inside when it could not be).
-    proto: OnceLock<Option<ProtoForm>>,
     /// Whether `metadata.namespace` is a selectable field.
     namespaced: bool,
     labels: LabelStore,
@@ -222,7 +219,6 @@ impl CachedObject {
             item_offset,
             rv_span,
             meta_span,
-            proto: OnceLock::new(),
             namespaced,
             labels,
             fields,
@@ -302,18 +298,10 @@ impl CachedObject {
             .slice(self.meta_span.0 as usize..self.meta_span.1 as usize)
     }
 
-    /// The protobuf form, encoded with `codec` by the first caller and
-    /// shared by all; `None` when the object cannot be encoded.
-    pub fn proto(&self, codec: &ProtoCodec) -> Option<&ProtoForm> {
-        self.proto.get_or_init(|| codec.encode(&self.json)).as_ref()
-    }
-
-    /// Bytes of the protobuf form, if it was encoded.
-    pub fn proto_size(&self) -> usize {
-        self.proto
-            .get()
-            .and_then(Option::as_ref)
-            .map_or(0, |p| p.envelope().len())
+    /// The protobuf form, kept by `codec` (`ProtoForms`) or encoded now;
+    /// `None` when the object cannot be encoded.
+    pub fn proto(&self, codec: &ProtoCodec) -> Option<Arc<ProtoForm>> {
+        codec.form(self)
     }
 
     /// Appends the object as a list item: without `kind`/`apiVersion` when

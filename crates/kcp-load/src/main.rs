@@ -370,6 +370,10 @@ struct IngestArgs {
     /// reader of an object version does: the memory with both encodings.
     #[arg(long)]
     protobuf: bool,
+    /// With --protobuf: MiB of protobuf encodings kept, as the proxy's
+    /// `cache.protobufCacheMib` (0: none kept).
+    #[arg(long, default_value_t = 64)]
+    protobuf_cache_mib: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -2304,6 +2308,8 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
         ObjectKind::Node => (FieldSet::Node, "nodes", false),
         ObjectKind::Endpointslice => (FieldSet::Default, "endpointslices", true),
     };
+    // Bytes of the protobuf forms alive (kept, or held by the state).
+    let proto_gauge = prometheus::IntGauge::new("encoded_bytes", "-")?;
     let codec = if a.protobuf {
         let (group, kind, api_version) = match a.kind {
             ObjectKind::Pod => ("", "Pod", "v1"),
@@ -2319,8 +2325,10 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
                 "v1",
                 kind,
                 api_version,
-                prometheus::IntGauge::new("encoded_bytes", "-")?,
+                proto_gauge.clone(),
                 prometheus::IntCounter::new("encode_failures", "-")?,
+                kube_cache_proxy::cache::encode::ProtoForms::new(a.protobuf_cache_mib << 20)
+                    .for_resource(0),
             )
             .ok_or_else(|| anyhow!("no protobuf schema for {kind}"))?,
         )
@@ -2336,7 +2344,6 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
         }
         Ok(o)
     };
-    let mut proto_bytes = 0u64;
     let mut state = State::new(Settings {
         history_capacity: 1,
         history_max_age: Duration::from_secs(300),
@@ -2383,7 +2390,6 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
                 let text = json(i);
                 json_bytes += text.len() as u64;
                 let o = cached(&text)?;
-                proto_bytes += o.proto_size() as u64;
                 state.apply(EventType::Added, o, Instant::now());
             }
         }
@@ -2393,13 +2399,16 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
                 let text = json(i);
                 json_bytes += text.len() as u64;
                 let o = cached(&text)?;
-                proto_bytes += o.proto_size() as u64;
                 items.push(o);
             }
             state.replace(items, a.objects as u64 + 2, Instant::now());
         }
     }
     let took = started.elapsed();
+    if let Some(codec) = &codec {
+        codec.settle_forms();
+    }
+    let proto_bytes = proto_gauge.get().max(0) as u64;
     let after = stats::rss_self().unwrap_or(0);
     let delta = after.saturating_sub(before);
     let ratio = delta as f64 / json_bytes.max(1) as f64;
@@ -2663,6 +2672,7 @@ async fn self_test() -> Result<()> {
         kind: ObjectKind::Pod,
         via: IngestPath::Apply,
         protobuf: true,
+        protobuf_cache_mib: 64,
     })?;
     // The RSS figure means something only in a fresh process (`kcp-load
     // ingest`): here the sim's and proxy's freed memory is reused.
