@@ -290,8 +290,24 @@ async fn lists_and_gets_match_the_apiserver_in_every_representation() {
     let Some(env) = RealEnv::start().await else {
         return;
     };
-    let ns = env.namespace("pb-reads").await;
-    let (label, node) = ("pb-reads", "pb-reads-node");
+    lists_and_gets_match(&env, "pb-reads", true).await;
+}
+
+/// With no protobuf encoding kept (`cache.protobufCacheMib: 0`), every
+/// protobuf read encodes afresh, and answers the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_and_gets_match_with_no_protobuf_encoding_kept() {
+    let Some(env) = RealEnv::start_with(|c| c.cache.protobuf_cache_mib = 0).await else {
+        return;
+    };
+    lists_and_gets_match(&env, "pb-unkept", false).await;
+}
+
+/// Lists and gets of fixtures in namespace `name` through the proxy and
+/// directly; `kept`: the proxy keeps protobuf encodings.
+async fn lists_and_gets_match(env: &RealEnv, name: &str, kept: bool) {
+    let ns = env.namespace(name).await;
+    let (label, node) = (name, &*format!("{name}-node"));
     fixtures(&env, &ns, label, node).await;
     let rv = env.current_rv().await;
     let admin = env.admin();
@@ -407,13 +423,16 @@ async fn lists_and_gets_match_the_apiserver_in_every_representation() {
         "metadata JSON: {before:?} -> {after:?}"
     );
     let m = env.proxy_metrics().await;
-    assert!(
-        metric_sum(
-            &m,
-            "kube_cache_proxy_cache_encoded_bytes",
-            &[("resource", "pods"), ("encoding", "protobuf")]
-        ) > 0.0
+    let held = metric_sum(
+        &m,
+        "kube_cache_proxy_cache_encoded_bytes",
+        &[("resource", "pods"), ("encoding", "protobuf")],
     );
+    if kept {
+        assert!(held > 0.0);
+    } else {
+        assert_eq!(held, 0.0, "nothing kept once the reads are done");
+    }
     assert_eq!(
         metric_sum(&m, "kube_cache_proxy_cache_encode_failures_total", &[]),
         0.0
