@@ -308,16 +308,16 @@ async fn lists_and_gets_match_with_no_protobuf_encoding_kept() {
 async fn lists_and_gets_match(env: &RealEnv, name: &str, kept: bool) {
     let ns = env.namespace(name).await;
     let (label, node) = (name, &*format!("{name}-node"));
-    fixtures(&env, &ns, label, node).await;
+    fixtures(env, &ns, label, node).await;
     let rv = env.current_rv().await;
     let admin = env.admin();
     let (direct, proxy) = (env.direct(admin.clone()), env.proxy(admin));
     let colls = collections(&ns, label, node);
     synced(&direct, &proxy, &colls, rv).await;
     let before = (
-        served(&env, "protobuf").await,
-        served(&env, "metadata_protobuf").await,
-        served(&env, "metadata_json").await,
+        served(env, "protobuf").await,
+        served(env, "metadata_protobuf").await,
+        served(env, "metadata_json").await,
     );
 
     for (list, get) in &colls {
@@ -406,9 +406,9 @@ async fn lists_and_gets_match(env: &RealEnv, name: &str, kept: bool) {
 
     // Every representation was answered from the cache.
     let after = (
-        served(&env, "protobuf").await,
-        served(&env, "metadata_protobuf").await,
-        served(&env, "metadata_json").await,
+        served(env, "protobuf").await,
+        served(env, "metadata_protobuf").await,
+        served(env, "metadata_json").await,
     );
     assert!(
         after.0 - before.0 >= (colls.len() * 2 * 3) as f64,
