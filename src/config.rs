@@ -282,7 +282,7 @@ pub struct CacheConfig {
     /// together. An object version is encoded when a protobuf reader
     /// (kubelet, kube-proxy) first asks for it; kept encodings are
     /// evicted least recently and frequently used first, and after 10
-    /// minutes unread, and re-encoded by their next reader (about 30 µs
+    /// minutes unread, and re-encoded by their next reader (about 35 µs
     /// for a 5 KB pod). 0 keeps none. Default 64.
     pub protobuf_cache_mib: u64,
     /// Snapshots of the cache on the node's disk, so a restarted proxy

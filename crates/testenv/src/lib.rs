@@ -137,12 +137,28 @@ impl ControlPlane {
     }
 
     /// Starts etcd and kube-apiserver and waits until the apiserver is
-    /// ready.
+    /// ready. A port taken between [`free_port`] finding it free and a
+    /// process binding it (another test's connection got it) is retried
+    /// with new ports, up to three times.
     ///
     /// # Errors
     /// [`Error`] when the binaries are absent or broken, or a process does
     /// not become ready.
     pub async fn start(options: Options) -> Result<ControlPlane, Error> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(options.clone()).await {
+                Err(Error::NotReady { log, .. })
+                    if attempt < 3 && log.contains("address already in use") =>
+                {
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(options: Options) -> Result<ControlPlane, Error> {
         let assets = Assets::locate()?;
         let dir = run_dir()?;
         let ca = Ca::new("kube-testenv-ca")?;
