@@ -94,6 +94,16 @@ fn running(pod: &serde_json::Value) -> bool {
     pod["status"]["phase"] == "Running"
 }
 
+/// Whether all the test's pods exist and are Running, read directly.
+async fn pods_running(admin: &Client) -> Option<bool> {
+    let l = admin
+        .get(&format!("/api/v1/namespaces/{NS}/pods"))
+        .await
+        .json();
+    let items = l["items"].as_array()?;
+    Some(items.len() == PODS && items.iter().all(running))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
     let Some(cp) = ControlPlane::shared().await else {
@@ -220,14 +230,7 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
     }
     eventually(Duration::from_secs(120), "the pods Running", || {
         let admin = admin.clone();
-        async move {
-            let l = admin
-                .get(&format!("/api/v1/namespaces/{NS}/pods"))
-                .await
-                .json();
-            let items = l["items"].as_array()?;
-            (items.len() == PODS && items.iter().all(running)).then_some(())
-        }
+        async move { pods_running(&admin).await?.then_some(()) }
     })
     .await;
 
@@ -314,17 +317,13 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
         || {
             let admin = admin.clone();
             async move {
-                let l = admin
-                    .get(&format!("/api/v1/namespaces/{NS}/pods"))
-                    .await
-                    .json();
-                let items = l["items"].as_array()?;
+                let pods = pods_running(&admin).await?;
                 let node = admin.get(&format!("/api/v1/nodes/{NODE}")).await.json();
                 let ready = node["status"]["conditions"]
                     .as_array()?
                     .iter()
                     .any(|c| c["type"] == "Ready" && c["status"] == "True");
-                (items.len() == PODS && items.iter().all(running) && ready).then_some(())
+                (pods && ready).then_some(())
             }
         },
     )

@@ -134,19 +134,17 @@ impl Client {
         timeout: Duration,
     ) -> Result<Resp> {
         let req = self.request(method, path, None, body, content_type)?;
-        tokio::time::timeout(timeout, async {
-            let resp = self.inner.request(req).await?;
-            let status = resp.status();
-            let body = resp.into_body().collect().await?.to_bytes();
-            Ok::<_, anyhow::Error>(Resp { status, body })
-        })
-        .await
-        .map_err(|_| anyhow!("no answer in {timeout:?}"))?
+        self.read_whole(req, timeout).await
     }
 
     /// A GET, read whole, with `accept`.
     pub async fn get(&self, path: &str, accept: Option<&str>, timeout: Duration) -> Result<Resp> {
         let req = self.request(Method::GET, path, accept, None, "")?;
+        self.read_whole(req, timeout).await
+    }
+
+    /// Sends `req` and reads the whole answer, within `timeout`.
+    async fn read_whole(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Resp> {
         tokio::time::timeout(timeout, async {
             let resp = self.inner.request(req).await?;
             let status = resp.status();

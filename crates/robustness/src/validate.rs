@@ -898,6 +898,12 @@ mod tests {
         (a.property, a.detail.clone())
     }
 
+    /// The one anomaly of the web watcher's stream from RV 10 carrying
+    /// `events`.
+    fn anomaly_from_10(events: Vec<Observed>) -> (Property, String) {
+        only(&run(&segment(web(), Start::From(10), events), None, &[]))
+    }
+
     #[test]
     fn property_names() {
         assert_eq!(
@@ -973,7 +979,7 @@ mod tests {
     fn missed_before_bookmark() {
         let mut events = full()[..2].to_vec();
         events.push(bm(14));
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::Reliable);
         assert!(
             detail.contains("missed DELETED a/p2@13 before the bookmark at 14"),
@@ -985,12 +991,12 @@ mod tests {
     fn first_event_skipped_is_unresumable() {
         let mut events = full();
         events.remove(0);
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::Resumable);
         assert!(detail.contains("ADDED a/p4@11"), "{detail}");
         // An event at or before the start.
         let events = vec![ev(M, "b", "p3", 9)];
-        let (p, _) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, _) = anomaly_from_10(events);
         assert_eq!(p, Property::Resumable);
     }
 
@@ -998,7 +1004,7 @@ mod tests {
     fn duplicate_is_not_unique() {
         let mut events = full();
         events.insert(2, ev(M, "a", "p1", 12));
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::Unique);
         assert!(
             detail.contains("MODIFIED a/p1@12 delivered twice"),
@@ -1011,7 +1017,7 @@ mod tests {
         // 11, 13, 12: the "missed" event comes later.
         let mut events = full();
         events.swap(1, 2);
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::Ordered);
         assert!(detail.contains("before MODIFIED a/p1@12"), "{detail}");
         // An older event that was never delivered.
@@ -1020,11 +1026,11 @@ mod tests {
             ev(M, "a", "p1", 12),
             ev(A, "b", "p3", 11),
         ];
-        let (p, _) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, _) = anomaly_from_10(events);
         assert_eq!(p, Property::Ordered);
         // A bookmark going back.
         let events = vec![ev(A, "a", "p4", 11), ev(M, "a", "p1", 12), bm(11)];
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::Ordered);
         assert!(detail.contains("bookmark at 11"), "{detail}");
     }
@@ -1033,7 +1039,7 @@ mod tests {
     fn event_below_bookmark() {
         let mut events = full();
         events.push(ev(M, "a", "p1", 19));
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::Bookmarkable);
         assert!(
             detail.contains("MODIFIED a/p1@19 after a bookmark at 20"),
@@ -1046,7 +1052,7 @@ mod tests {
         // Moving out of the selector: DELETED expected, MODIFIED observed.
         let mut events = full();
         events[2] = ev(M, "a", "p2", 13);
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::SelectorTransitions);
         assert!(
             detail.contains("expected DELETED a/p2@13, observed MODIFIED a/p2@13"),
@@ -1055,12 +1061,12 @@ mod tests {
         // Moving in: ADDED expected, MODIFIED observed.
         let mut events = full();
         events[4] = ev(M, "b", "p3", 15);
-        let (p, _) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, _) = anomaly_from_10(events);
         assert_eq!(p, Property::SelectorTransitions);
         // An object the selector does not pick.
         let mut events = full();
         events.insert(8, ev(M, "b", "p6", 19));
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::SelectorTransitions);
         assert!(detail.contains("does not select"), "{detail}");
         // The nodeName field selector: p2 never was on n1.
@@ -1095,19 +1101,19 @@ mod tests {
     fn fabricated_events_are_invalid() {
         let mut events = full();
         events[2] = ev(M, "a", "p1", 13);
-        let (p, detail) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, detail) = anomaly_from_10(events);
         assert_eq!(p, Property::Valid);
         assert!(detail.contains("MODIFIED a/p1@13"), "{detail}");
         assert!(detail.contains("DELETED a/p2@13"), "{detail}");
         // A deletion etcd never saw.
         let mut events = full();
         events.insert(8, ev(D, "a", "p5", 19));
-        let (p, _) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, _) = anomaly_from_10(events);
         assert_eq!(p, Property::Valid);
         // Beyond etcd's head.
         let mut events = full();
         events.push(ev(A, "a", "zz", 25));
-        let (p, _) = only(&run(&segment(web(), Start::From(10), events), None, &[]));
+        let (p, _) = anomaly_from_10(events);
         assert_eq!(p, Property::Valid);
     }
 
