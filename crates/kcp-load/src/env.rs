@@ -60,6 +60,27 @@ enum Proxy {
     Child(Child),
 }
 
+/// Cache settings of a started proxy that differ from its defaults.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tuning {
+    /// `cache.watcherBufferEvents`.
+    pub watcher_buffer: Option<usize>,
+    /// `cache.consistentListWaitMilliseconds`.
+    pub consistent_list_wait_ms: Option<u64>,
+    /// `cache.protobufCacheMib`.
+    pub protobuf_cache_mib: Option<u64>,
+}
+
+impl Tuning {
+    /// The watcher buffer alone.
+    pub fn buffer(watcher_buffer: Option<usize>) -> Tuning {
+        Tuning {
+            watcher_buffer,
+            ..Tuning::default()
+        }
+    }
+}
+
 /// The proxy, started in this process or as a child, and how to reach it.
 pub struct RunningProxy {
     proxy: Proxy,
@@ -141,7 +162,7 @@ impl SimEnv {
             &dir,
             &sim.ca_pem(),
             &sim.kubeconfig(&SimConfig::default().proxy_user, None),
-            args.watcher_buffer,
+            Tuning::buffer(args.watcher_buffer),
             args.proxy_bin.as_deref(),
         )
         .await?;
@@ -202,7 +223,7 @@ impl RunningProxy {
         dir: &Path,
         client_ca_pem: &str,
         upstream_kubeconfig: &str,
-        watcher_buffer: Option<usize>,
+        tuning: Tuning,
         bin: Option<&Path>,
     ) -> Result<RunningProxy> {
         let write = |name: &str, text: &str| -> Result<PathBuf> {
@@ -235,8 +256,14 @@ impl RunningProxy {
                     ..CachedResource::default()
                 });
                 config.cache.ready_wait_milliseconds = 30_000;
-                if let Some(b) = watcher_buffer {
+                if let Some(b) = tuning.watcher_buffer {
                     config.cache.watcher_buffer_events = b;
+                }
+                if let Some(ms) = tuning.consistent_list_wait_ms {
+                    config.cache.consistent_list_wait_milliseconds = ms;
+                }
+                if let Some(mib) = tuning.protobuf_cache_mib {
+                    config.cache.protobuf_cache_mib = mib;
                 }
                 config.validate()?;
                 let listeners = Listeners::bind(&config).await?;
@@ -261,7 +288,7 @@ impl RunningProxy {
                 let admin_port = free_port()?;
                 let config = write(
                     "kube-cache-proxy.yaml",
-                    &proxy_yaml(&cert, &key, &client_ca, &upstream, watcher_buffer),
+                    &proxy_yaml(&cert, &key, &client_ca, &upstream, tuning),
                 )?;
                 let log = std::fs::File::create(dir.join("proxy.log"))?;
                 let args = [
@@ -401,7 +428,7 @@ fn proxy_yaml(
     key: &Path,
     client_ca: &Path,
     upstream: &Path,
-    buffer: Option<usize>,
+    tuning: Tuning,
 ) -> String {
     let mut resources = String::new();
     for (g, r) in [
@@ -420,9 +447,16 @@ fn proxy_yaml(
             "    - {{group: \"{g}\", version: v1, resource: {r}}}\n"
         ));
     }
-    let buffer = buffer
-        .map(|b| format!("  watcherBufferEvents: {b}\n"))
-        .unwrap_or_default();
+    let mut buffer = String::new();
+    if let Some(b) = tuning.watcher_buffer {
+        buffer.push_str(&format!("  watcherBufferEvents: {b}\n"));
+    }
+    if let Some(ms) = tuning.consistent_list_wait_ms {
+        buffer.push_str(&format!("  consistentListWaitMilliseconds: {ms}\n"));
+    }
+    if let Some(mib) = tuning.protobuf_cache_mib {
+        buffer.push_str(&format!("  protobufCacheMib: {mib}\n"));
+    }
     format!(
         "shutdownGracePeriodSeconds: 1\ntls:\n  certFile: {}\n  privateKeyFile: {}\n  clientCAFile: {}\nupstream:\n  kubeconfig: {}\ncache:\n  readyWaitMilliseconds: 30000\n{buffer}  resources:\n{resources}",
         cert.display(),

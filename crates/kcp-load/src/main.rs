@@ -35,6 +35,7 @@
 //! `docs/performance.md` has the commands and figures.
 
 mod client;
+mod compare;
 mod env;
 mod fixtures;
 mod hollow;
@@ -103,6 +104,9 @@ enum Cmd {
     /// A hollow kubelet (kubemark) through the proxy in front of a real
     /// kube-apiserver (kube-testenv), in protobuf or JSON: its CPU.
     Kubelet(hollow::KubeletArgs),
+    /// The proxy and a real kube-apiserver side by side in one run, quiet
+    /// and busy: lists, streaming lists, watch delivery, memory.
+    Compare(compare::CompareArgs),
     /// Simulated nodes' watch sets against a real kube-apiserver, directly
     /// and through a tier of proxies: its watches, CPU, memory, events and
     /// bytes sent, and the relist storm after its restart.
@@ -409,6 +413,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Authz(a)), _) => authz(&a).await.map(|_| ()),
             (Some(Cmd::Kubelet(a)), _) => hollow::kubelet(&a).await,
             (Some(Cmd::Tier(a)), _) => tier::tier(&a).await.map(|_| ()),
+            (Some(Cmd::Compare(a)), _) => compare::compare(&a).await,
             (None, false) => Err(anyhow!(
                 "a subcommand or --self-test is required (see --help)"
             )),
@@ -1419,6 +1424,38 @@ impl LoadOut {
         merge_maps(&mut self.progress, o.progress);
     }
 
+    /// Records what the metrics grew by between two snapshots.
+    fn record_growth(&mut self, before: &Snapshot, after: &Snapshot) {
+        if let (Some(b), Some(a)) = (&before.1, &after.1) {
+            self.apiserver = Some(metrics::growth(
+                b,
+                a,
+                "apiserver_request_total",
+                &["verb", "group", "resource"],
+            ));
+        }
+        if let (Some(b), Some(a)) = (&before.0, &after.0) {
+            self.reads = Some(metrics::growth(
+                b,
+                a,
+                "kube_cache_proxy_cache_reads_total",
+                &["resource", "verb", "source", "reason"],
+            ));
+            self.probes = Some(metrics::growth(
+                b,
+                a,
+                "kube_cache_proxy_cache_consistency_probes_total",
+                &["resource", "result"],
+            ));
+            self.progress = Some(metrics::growth(
+                b,
+                a,
+                "kube_cache_proxy_cache_progress_watches_total",
+                &["resource"],
+            ));
+        }
+    }
+
     fn per_second(&self) -> f64 {
         self.requests as f64 / self.wall.as_secs_f64().max(1e-9)
     }
@@ -1640,34 +1677,7 @@ async fn load(
     }
     out.wall = started.elapsed();
     let after = meters.snapshot().await;
-    if let (Some(b), Some(a)) = (&before.1, &after.1) {
-        out.apiserver = Some(metrics::growth(
-            b,
-            a,
-            "apiserver_request_total",
-            &["verb", "group", "resource"],
-        ));
-    }
-    if let (Some(b), Some(a)) = (&before.0, &after.0) {
-        out.reads = Some(metrics::growth(
-            b,
-            a,
-            "kube_cache_proxy_cache_reads_total",
-            &["resource", "verb", "source", "reason"],
-        ));
-        out.probes = Some(metrics::growth(
-            b,
-            a,
-            "kube_cache_proxy_cache_consistency_probes_total",
-            &["resource", "result"],
-        ));
-        out.progress = Some(metrics::growth(
-            b,
-            a,
-            "kube_cache_proxy_cache_progress_watches_total",
-            &["resource"],
-        ));
-    }
+    out.record_growth(&before, &after);
     Ok(out)
 }
 

@@ -20,7 +20,7 @@ use kube_testenv::{AssetsError, ControlPlane, Options};
 use serde_json::{Value, json};
 
 use crate::client::{Proto, Target};
-use crate::env::{RunningProxy, SimArgs, pod_for_create, temp_dir};
+use crate::env::{RunningProxy, SimArgs, Tuning, pod_for_create, temp_dir};
 use crate::fixtures;
 
 /// What to start.
@@ -106,7 +106,7 @@ impl RealEnv {
             &dir,
             &cp.ca_pem(),
             &cp.kubeconfig_text(&cp.url(), "admin", cp.admin()),
-            sim.watcher_buffer,
+            Tuning::buffer(sim.watcher_buffer),
             sim.proxy_bin.as_deref(),
         )
         .await?;
@@ -173,7 +173,7 @@ async fn create_on(
 /// `default` ServiceAccount: no kube-controller-manager runs to make it,
 /// and the ServiceAccount admission plugin requires it) or configmaps (in
 /// `default`), 32 at a time.
-async fn seed(direct: &Target, n: usize, what: &'static str) -> Result<()> {
+pub async fn seed(direct: &Target, n: usize, what: &'static str) -> Result<()> {
     let started = Instant::now();
     for i in (0..10).filter(|_| what == "pods") {
         let ns = format!("ns-{i}");

@@ -173,6 +173,9 @@ pub struct TierReport {
     pub writes: u64,
     /// Events the simulated nodes received (bookmarks apart).
     pub node_events: u64,
+    /// From a Service or EndpointSlice patch's sending to its event at
+    /// each node, over the steady phase.
+    pub delivery: crate::stats::Summary,
     /// Per tier replica: CPU (cores) and RSS over the steady phase.
     pub tier: Vec<(f64, u64)>,
     /// Relist storm.
@@ -287,6 +290,10 @@ fn print_report(r: &TierReport) {
         r.watch_events_sent,
         r.watch_bytes_sent / 1e6,
         r.node_events,
+    );
+    println!(
+        "  delivery of Service and EndpointSlice patches to the nodes (from the patch's sending): {}",
+        r.delivery
     );
     for (i, (cpu, rss)) in r.tier.iter().enumerate() {
         println!("  tier replica {i}: {cpu:.3} cores, RSS {}", mib(*rss));
@@ -506,6 +513,7 @@ async fn run_on(
             rate,
             if kind == "pods" { a.nodes } else { a.services },
             writes_stop.clone(),
+            shared.clone(),
         ))
     })
     .collect::<Vec<_>>();
@@ -519,6 +527,11 @@ async fn run_on(
         writes += w.await??;
     }
     let node_events = shared.events.load(Ordering::Relaxed) - events0;
+    let delivery = shared
+        .delivery
+        .lock()
+        .map(|mut d| crate::stats::Summary::of(&mut d))
+        .unwrap_or_default();
     let mut report = TierReport {
         mode: mode.as_str().into(),
         nodes: a.nodes,
@@ -542,6 +555,7 @@ async fn run_on(
         steady_seconds: steady,
         writes,
         node_events,
+        delivery,
         tier: tier0
             .iter()
             .zip(&tier1)
@@ -920,6 +934,7 @@ async fn writer(
     rate: f64,
     objects: usize,
     stop: CancellationToken,
+    shared: Arc<Shared>,
 ) -> Result<u64> {
     let mut conn = admin.connect(Proto::H2).await?;
     let started = tokio::time::Instant::now();
@@ -931,9 +946,16 @@ async fn writer(
             () = tokio::time::sleep_until(due) => {}
         }
         let (path, body) = patch_request(kind, (n as usize) % objects.max(1), n);
-        patch_on(&admin, &mut conn, &path, &body)
+        let sent = Instant::now();
+        let rv = patch_on(&admin, &mut conn, &path, &body)
             .await
             .with_context(|| format!("writing {kind}"))?;
+        // Cluster-wide: every node gets its event.
+        if kind != "pods"
+            && let Ok(mut m) = shared.written.lock()
+        {
+            m.insert(rv, sent);
+        }
         n += 1;
     }
 }
@@ -1006,6 +1028,12 @@ struct Shared {
     /// Requests that failed (no response, or a status other than 200 and
     /// 410).
     failures: AtomicU64,
+    /// When each Service and EndpointSlice patch of the steady phase was
+    /// sent, by the resourceVersion it made.
+    written: std::sync::Mutex<std::collections::HashMap<u64, Instant>>,
+    /// From a patch's sending to its event's arrival at a node, for every
+    /// node it reached (µs).
+    delivery: std::sync::Mutex<Vec<u32>>,
 }
 
 /// Decrements the open count when a watch ends.
@@ -1136,6 +1164,10 @@ async fn watch(node: &SimNode, w: &WatchSpec, shared: &Shared) -> Result<WatchEn
                 Event::Object(rv) => {
                     shared.events.fetch_add(1, Ordering::Relaxed);
                     w.rv.fetch_max(rv, Ordering::Relaxed);
+                    let sent = shared.written.lock().ok().and_then(|m| m.get(&rv).copied());
+                    if let (Some(sent), Ok(mut d)) = (sent, shared.delivery.lock()) {
+                        d.push(crate::stats::micros(sent.elapsed()));
+                    }
                 }
                 Event::Bookmark(rv) => {
                     w.rv.fetch_max(rv, Ordering::Relaxed);
