@@ -269,6 +269,17 @@ pub struct CacheConfig {
     /// cache cannot prove fresh at once passes through without waiting.
     /// (A consistent get always passes through.)
     pub consistent_list_wait_milliseconds: u64,
+    /// A consistent list whose scope (the namespace, or the whole
+    /// resource) holds at least this many cached objects waits up to
+    /// `largeListWaitMilliseconds` for the cache to be shown fresh instead
+    /// of `consistentListWaitMilliseconds`: passing it through would cost
+    /// the apiserver that many objects' encoding, while the wait (about a
+    /// second for a quiet resource in a busy cluster) is shared by every
+    /// request for the resource. 0: no list counts as large. Default 1000.
+    pub large_list_objects: usize,
+    /// How long a large consistent list (see `largeListObjects`) waits
+    /// before passing through. Default 3000 ms, as kube-apiserver's cache.
+    pub large_list_wait_milliseconds: u64,
     /// How long a consistent watch (streaming list with RV unset) waits
     /// before passing through. Default 3000 ms, as kube-apiserver's cache.
     pub consistent_watch_wait_milliseconds: u64,
@@ -411,6 +422,8 @@ impl Default for CacheConfig {
             bookmark_interval_seconds: 60,
             min_request_timeout_seconds: 1800,
             consistent_list_wait_milliseconds: 0,
+            large_list_objects: 1000,
+            large_list_wait_milliseconds: 3000,
             consistent_watch_wait_milliseconds: 3000,
             not_older_than_wait_milliseconds: 3000,
             ready_wait_milliseconds: 2000,

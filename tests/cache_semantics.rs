@@ -209,6 +209,65 @@ async fn consistent_reads_of_a_quiet_resource_are_served_after_a_progress_watch(
 }
 
 #[tokio::test]
+async fn a_large_consistent_list_of_a_quiet_resource_waits_for_the_cache_a_small_one_passes_through()
+ {
+    // `largeListObjects: 3`: the namespace `big` holds 3 configmaps, `small`
+    // one. Writes to pods move upstream's RV past the configmap cache's.
+    let env = env_with(|c| c.cache.large_list_objects = 3).await;
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    for name in ["a", "b", "c"] {
+        c.post_json("/api/v1/namespaces/big/configmaps", &cm("big", name, "x"))
+            .await;
+    }
+    c.post_json(
+        "/api/v1/namespaces/small/configmaps",
+        &cm("small", "only", "x"),
+    )
+    .await;
+    let pods = Gvr {
+        resource: "pods".into(),
+        ..cms()
+    };
+    let write_elsewhere = |i: usize| {
+        env.sim
+            .create(&pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("p{i}"), "namespace": "big"}, "spec": {"containers": []}}))
+            .unwrap();
+    };
+    let reads = |source: &str, reason: &str| {
+        format!(
+            "kube_cache_proxy_cache_reads_total{{group=\"\",reason=\"{reason}\",resource=\"configmaps\",source=\"{source}\",verb=\"LIST\"}}"
+        )
+    };
+    let (from_cache, not_fresh) = (reads("cache", ""), reads("upstream", "not_fresh"));
+
+    write_elsewhere(0);
+    let (served, passed) = (
+        metric(&env, &from_cache).await,
+        metric(&env, &not_fresh).await,
+    );
+    let started = Instant::now();
+    let list = c.get("/api/v1/namespaces/big/configmaps").await;
+    assert_eq!(names(&list.json()), vec!["a", "b", "c"]);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        metric(&env, &from_cache).await,
+        served + 1.0,
+        "served from the cache"
+    );
+    assert_eq!(metric(&env, &not_fresh).await, passed);
+
+    write_elsewhere(1);
+    let list = c.get("/api/v1/namespaces/small/configmaps").await;
+    assert_eq!(names(&list.json()), vec!["only"]);
+    assert_eq!(metric(&env, &from_cache).await, served + 1.0);
+    assert_eq!(
+        metric(&env, &not_fresh).await,
+        passed + 1.0,
+        "passed through at once"
+    );
+}
+
+#[tokio::test]
 async fn a_token_issued_upstream_ahead_of_a_quiet_cache_is_continued_upstream_at_once() {
     let env = env_with(|_| {}).await;
     let c = env.proxy(Identity::admin().auth(&env.sim));

@@ -47,6 +47,24 @@ pub fn scope_prefix(namespace: Option<&str>) -> String {
     namespace.map(|ns| format!("{ns}/")).unwrap_or_default()
 }
 
+/// Whether the scope of `prefix` (a namespace's, or with `""` the whole
+/// resource's) holds at least `n` objects; walks at most `n` of them.
+pub fn scope_holds_at_least(objects: &Objects, prefix: &str, n: usize) -> bool {
+    if prefix.is_empty() {
+        return objects.len() >= n;
+    }
+    let upper = upper_bound(prefix);
+    let upper = match &upper {
+        Some(u) => Bound::Excluded(u.as_str()),
+        None => Bound::Unbounded,
+    };
+    objects
+        .range::<_, str>((Bound::Included(prefix), upper))
+        .take(n)
+        .count()
+        >= n
+}
+
 /// Selects a page from `objects`. `start` is a continue token's key
 /// relative to the scope; `limit <= 0` means everything; `rv` is the
 /// snapshot's RV, written into the continue token.
@@ -349,6 +367,19 @@ mod tests {
 
     fn names(p: &Page) -> Vec<String> {
         p.items.iter().map(|o| o.key().to_string()).collect()
+    }
+
+    #[test]
+    fn scope_sizes() {
+        let o = objects();
+        assert!(scope_holds_at_least(&o, "", 4));
+        assert!(!scope_holds_at_least(&o, "", 5));
+        // "a/" holds a/x and a/y, not a-b/z.
+        assert!(scope_holds_at_least(&o, "a/", 2));
+        assert!(!scope_holds_at_least(&o, "a/", 3));
+        assert!(scope_holds_at_least(&o, "b/", 1));
+        assert!(!scope_holds_at_least(&o, "c/", 1));
+        assert!(scope_holds_at_least(&o, "c/", 0));
     }
 
     #[test]

@@ -63,6 +63,8 @@ impl Caches {
             bookmark_interval: Duration::from_secs(config.bookmark_interval_seconds),
             min_request_timeout: Duration::from_secs(config.min_request_timeout_seconds),
             consistent_list_wait: Duration::from_millis(config.consistent_list_wait_milliseconds),
+            large_list_objects: config.large_list_objects,
+            large_list_wait: Duration::from_millis(config.large_list_wait_milliseconds),
             consistent_watch_wait: Duration::from_millis(config.consistent_watch_wait_milliseconds),
             not_older_than_wait: Duration::from_millis(config.not_older_than_wait_milliseconds),
             ready_wait: Duration::from_millis(config.ready_wait_milliseconds),

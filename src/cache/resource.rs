@@ -77,6 +77,10 @@ pub struct ReadSettings {
     /// How long a consistent list or get waits for the cache to reach
     /// upstream's RV before passing through.
     pub consistent_list_wait: Duration,
+    /// A consistent list of a scope holding at least this many objects
+    /// (0: none) waits up to `large_list_wait` instead.
+    pub large_list_objects: usize,
+    pub large_list_wait: Duration,
     /// How long a consistent watch (streaming list) waits before passing
     /// through.
     pub consistent_watch_wait: Duration,
@@ -658,6 +662,8 @@ pub(crate) mod tests {
                 bookmark_interval: Duration::from_secs(60),
                 min_request_timeout: Duration::from_secs(1800),
                 consistent_list_wait: Duration::from_millis(250),
+                large_list_objects: 0,
+                large_list_wait: Duration::from_secs(3),
                 consistent_watch_wait: Duration::from_secs(3),
                 not_older_than_wait: Duration::from_secs(3),
                 ready_wait: Duration::from_secs(5),

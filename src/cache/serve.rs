@@ -25,7 +25,10 @@
 //!   `limit=1` list (one in flight per resource, shared by every request
 //!   that arrived before it started) and is served from the cache if the
 //!   cache has reached that RV; otherwise it passes through at once
-//!   (`consistentListWaitMilliseconds`, default 0, allows a wait). Once a
+//!   (`consistentListWaitMilliseconds`, default 0, allows a wait), unless
+//!   its scope holds `largeListObjects` (1000) cached objects or more: that
+//!   one waits up to `largeListWaitMilliseconds` (3 s, as the apiserver's
+//!   cache), as passing it through would cost upstream every object. Once a
 //!   probe has found the cache behind, consistent lists pass straight
 //!   through, unprobed, for a second, and a progress watch is asked for:
 //!   a quiet resource in a busy cluster (the probe's RV is etcd's, moved
@@ -251,6 +254,26 @@ async fn consistent(
         Ok(())
     } else {
         Err(Answer::PassThrough(NOT_FRESH))
+    }
+}
+
+/// How long a consistent list of the scope of `prefix` may wait for the
+/// cache to be shown fresh: a large one (`cache.largeListObjects`) waits
+/// like kube-apiserver's cache, since passing it through would cost
+/// upstream the encoding of every object, and the wait, about a second
+/// for a quiet resource in a busy cluster, is shared by every request for
+/// the resource; a small one costs upstream little, so it does not wait
+/// longer than `cache.consistentListWaitMilliseconds` (0: at once).
+fn consistent_list_wait(cache: &ResourceCache, prefix: &str) -> Duration {
+    let read = &cache.read;
+    if read.large_list_objects == 0 || read.large_list_wait <= read.consistent_list_wait {
+        return read.consistent_list_wait;
+    }
+    let objects = cache.lock().objects().clone();
+    if list::scope_holds_at_least(&objects, prefix, read.large_list_objects) {
+        read.large_list_wait
+    } else {
+        read.consistent_list_wait
     }
 }
 
@@ -480,7 +503,7 @@ async fn serve_list(
                 cache,
                 upstream,
                 read.arrived,
-                cache.read.consistent_list_wait,
+                consistent_list_wait(cache, &prefix),
             )
             .await
             {

@@ -102,8 +102,26 @@ struct Row {
 struct Reads {
     lat: Summary,
     errors: usize,
+    /// The apiserver's pod reads (requests) per request.
     upstream: Option<f64>,
     from_cache: Option<f64>,
+    /// Bytes of pods the apiserver sent per request: its LIST responses
+    /// (`apiserver_response_sizes_sum`) and watch events
+    /// (`apiserver_watch_events_sizes_sum`).
+    upstream_bytes: Option<f64>,
+}
+
+/// Bytes of pods the apiserver has sent (LIST responses and watch events).
+fn pod_bytes(samples: &[metrics::Sample]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| {
+            s.label("resource") == "pods"
+                && ((s.name == "apiserver_response_sizes_sum" && s.label("verb") == "LIST")
+                    || s.name == "apiserver_watch_events_sizes_sum")
+        })
+        .map(|s| s.value)
+        .sum()
 }
 
 /// A watch run measured on one side.
@@ -292,7 +310,7 @@ async fn run(
 
     println!("--- table");
     println!(
-        "| cluster | measurement | direct | through the proxy | proxy ÷ direct | apiserver pod reads per request, through the proxy |"
+        "| cluster | measurement | direct | through the proxy | proxy ÷ direct | through the proxy: upstream LIST-equivalents per request (pods' bytes sent by the apiserver ÷ direct's) and requests |"
     );
     println!("|---|---|---|---|---|---|");
     for r in rows {
@@ -422,7 +440,8 @@ async fn measure_lists(
                 proxy: ms(&p.lat),
                 ratio: ratio(Some(p.lat.p50 as f64), Some(d.lat.p50 as f64)),
                 upstream: format!(
-                    "{} ({} from the cache)",
+                    "{} ({} requests; {} from the cache)",
+                    ratio(p.upstream_bytes, d.upstream_bytes),
                     opt(p.upstream, |v| format!("{v:.2}")),
                     opt(p.from_cache, |v| format!("{:.0} %", v * 100.0))
                 ),
@@ -441,10 +460,12 @@ async fn reads(
     n: usize,
     meters: &Meters<'_>,
 ) -> Result<Reads> {
+    let before_bytes;
     let mut out = if streaming {
         let mut conn = target.connect(Proto::H2).await?;
         let _ = initial_events_end(target, &mut conn, path).await;
         let before = meters.snapshot().await;
+        before_bytes = before.1.as_deref().map(pod_bytes);
         let mut o = LoadOut::default();
         for _ in 0..n {
             o.requests += 1;
@@ -463,8 +484,17 @@ async fn reads(
         o.record_growth(&before, &after);
         o
     } else {
-        load(target, Proto::H2, path, 1, n, 1, meters).await?
+        load(target, Proto::H2, path, 1, 1, 0, meters).await?;
+        before_bytes = meters.snapshot().await.1.as_deref().map(pod_bytes);
+        load(target, Proto::H2, path, 1, n, 0, meters).await?
     };
+    if streaming {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let after_bytes = meters.snapshot().await.1.as_deref().map(pod_bytes);
+    let upstream_bytes = before_bytes
+        .zip(after_bytes)
+        .map(|(b, a)| (a - b) / out.requests.max(1) as f64);
     if let Some(e) = &out.last_error {
         println!("{path}: last error: {e}");
     }
@@ -476,6 +506,7 @@ async fn reads(
         errors: out.errors,
         upstream: out.upstream_per_request(key),
         from_cache: out.cache_share(key),
+        upstream_bytes,
     })
 }
 
