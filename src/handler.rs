@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use prometheus::IntGauge;
 use tracing::Instrument;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
@@ -23,7 +23,7 @@ use crate::body::{self, Body};
 use crate::cache::Caches;
 use crate::cache::resource::ResourceCache;
 use crate::cache::serve::{Answer, Read, serve};
-use crate::identity::{Identity, NodeCredential};
+use crate::identity::{Identity, NodeCredential, NodeImpersonation};
 use crate::metrics::{Metrics, RequestLabels, Source};
 use crate::proxy;
 use crate::request::RequestInfo;
@@ -50,6 +50,8 @@ pub struct Handler {
     auth: Auth,
     shutdown: CancellationToken,
     known_resources: HashSet<String>,
+    /// A tier's way of acting as nodes, once learnt at start.
+    node_impersonation: Arc<OnceLock<NodeImpersonation>>,
 }
 
 /// Decrements an in-flight gauge when dropped.
@@ -88,7 +90,17 @@ impl Handler {
             auth,
             shutdown,
             known_resources,
+            node_impersonation: Arc::default(),
         }
+    }
+
+    /// Where a tier's way of acting as nodes is set once learnt
+    /// ([`crate::identity::tier_node_impersonation`]); until then,
+    /// constrained impersonation.
+    #[must_use]
+    pub fn with_node_impersonation(mut self, mode: Arc<OnceLock<NodeImpersonation>>) -> Handler {
+        self.node_impersonation = mode;
+        self
     }
 
     /// The cache that may answer this request: a GET of a cached resource
@@ -313,7 +325,12 @@ impl Handler {
             // A tier forwards nodes (node proxies, their kubelets) as
             // themselves.
             Credential::Certificate(user) if self.identity == Identity::Tier => {
-                match as_any_node(user, req.headers()) {
+                let mode = self
+                    .node_impersonation
+                    .get()
+                    .copied()
+                    .unwrap_or(NodeImpersonation::Constrained);
+                match as_any_node(user, req.headers(), mode) {
                     Ok(headers) => (headers, Credentials::Proxy),
                     Err(status) => return (status.into_response(), Source::Proxy),
                 }
@@ -566,7 +583,11 @@ fn warn_extra_space(resp: &mut Response<Body>) {
 /// `system:nodes` and the Node authorizer and NodeRestriction apply as to
 /// the node's own credential. Anyone else's certificate request cannot be
 /// forwarded.
-fn as_any_node(user: &UserInfo, headers: &HeaderMap) -> Result<HeaderMap, Box<Status>> {
+fn as_any_node(
+    user: &UserInfo,
+    headers: &HeaderMap,
+    mode: NodeImpersonation,
+) -> Result<HeaderMap, Box<Status>> {
     let is_node = user.name.starts_with("system:node:")
         && user
             .groups
@@ -595,6 +616,12 @@ fn as_any_node(user: &UserInfo, headers: &HeaderMap) -> Result<HeaderMap, Box<St
     let mut out = without_identity_headers(headers);
     if let Ok(v) = HeaderValue::from_str(&user.name) {
         out.insert("impersonate-user", v);
+    }
+    if mode == NodeImpersonation::Legacy {
+        out.insert(
+            "impersonate-group",
+            HeaderValue::from_static(apimachinery::impersonation::NODES_GROUP),
+        );
     }
     Ok(out)
 }

@@ -278,6 +278,139 @@ pub async fn confirm_node_access(
     }
 }
 
+/// How a tier acts upstream as the nodes behind it (their certificate
+/// requests), decided once at start from what its credential may do
+/// ([`tier_node_impersonation`]). The apiserver's impersonation filter
+/// tries constrained modes before the legacy one
+/// (`staging/src/k8s.io/apiserver/pkg/endpoints/filters/impersonation/mode.go`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeImpersonation {
+    /// Constrained impersonation (`impersonate:arbitrary-node` on
+    /// `nodes.authentication.k8s.io`, kube-apiserver 1.35+):
+    /// `Impersonate-User: system:node:<name>` alone; the apiserver gives the
+    /// node its fixed groups (`system:nodes`), and refuses a node
+    /// impersonation that names groups.
+    Constrained,
+    /// Legacy impersonation (`impersonate` on `users` and on the group
+    /// `system:nodes`): the apiserver gives the impersonated user only the
+    /// groups asked for (and `system:authenticated`), so
+    /// `Impersonate-Group: system:nodes` is sent too, which the Node
+    /// authorizer requires.
+    Legacy,
+}
+
+/// What a tier's credential may do to act as nodes, asked once at start
+/// with SelfSubjectAccessReviews (anyone may create them): constrained
+/// impersonation of any node if allowed, otherwise legacy impersonation of
+/// users and of the group `system:nodes`. Transient failures (the
+/// apiserver down, `5xx`) are retried with a backoff up to 30 s, until an
+/// answer or `shutdown` (then [`NodeImpersonation::Constrained`]).
+///
+/// # Errors
+/// Neither is allowed: the message for the operator names both rights.
+pub async fn tier_node_impersonation(
+    upstream: &Upstream,
+    shutdown: &CancellationToken,
+) -> Result<NodeImpersonation, String> {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let checks = async {
+            let constrained = self_access(
+                upstream,
+                "authentication.k8s.io",
+                "nodes",
+                "impersonate:arbitrary-node",
+                None,
+            )
+            .await?;
+            if constrained {
+                return Ok(Some(NodeImpersonation::Constrained));
+            }
+            let users = self_access(upstream, "", "users", "impersonate", None).await?;
+            let groups = self_access(
+                upstream,
+                "",
+                "groups",
+                "impersonate",
+                Some(apimachinery::impersonation::NODES_GROUP),
+            )
+            .await?;
+            Ok::<_, String>((users && groups).then_some(NodeImpersonation::Legacy))
+        };
+        let reason = match checks.await {
+            Ok(Some(mode)) => return Ok(mode),
+            Ok(None) => {
+                let version = apiserver_version(upstream).await;
+                return Err(format!(
+                    "kube-apiserver {version} does not let this tier's credential act as the \
+                     nodes behind it: it may neither impersonate nodes by constrained \
+                     impersonation (verb \"impersonate:arbitrary-node\" on \
+                     nodes.authentication.k8s.io, and \"impersonate-on:arbitrary-node:<verb>\" \
+                     on what nodes read and write; kube-apiserver 1.35 or later) nor by legacy \
+                     impersonation (verb \"impersonate\" on users and on the group \
+                     \"system:nodes\"); every node request would be refused. Apply \
+                     manifests/tier/rbac.yaml to the tier's ServiceAccount, or grant one of \
+                     these (docs/tier.md)"
+                ));
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(%reason, retry_in = ?backoff, "cannot yet learn how the tier may act as its nodes");
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(NodeImpersonation::Constrained),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(CONFIRM_MAX_BACKOFF);
+    }
+}
+
+/// Whether the proxy's own credential may `verb` `resource` (of `group`,
+/// named `name`, or any), by a SelfSubjectAccessReview.
+async fn self_access(
+    upstream: &Upstream,
+    group: &str,
+    resource: &str,
+    verb: &str,
+    name: Option<&str>,
+) -> Result<bool, String> {
+    let mut attributes = serde_json::json!({"group": group, "resource": resource, "verb": verb});
+    if let Some(name) = name {
+        attributes["name"] = name.into();
+    }
+    let review = serde_json::json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attributes},
+    });
+    let body = serde_json::to_vec(&review).map_err(|e| e.to_string())?;
+    let mut req = upstream
+        .own_request(
+            Method::POST,
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            Some(body),
+        )
+        .map_err(|e| e.to_string())?;
+    req.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let resp = upstream
+        .send(req, Credentials::Proxy)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), 64 * 1024)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    if status != StatusCode::CREATED && status != StatusCode::OK {
+        return Err(format!("SelfSubjectAccessReview: {status}"));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    Ok(v["status"]["allowed"].as_bool() == Some(true))
+}
+
 /// The apiserver's `gitVersion` (`GET /version`, readable by anyone), for
 /// messages; `(version unknown)` when it cannot be read.
 async fn apiserver_version(upstream: &Upstream) -> String {

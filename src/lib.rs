@@ -340,6 +340,7 @@ pub async fn run(
     // As a node by constrained impersonation: proven once, or the proxy
     // stops (it would be refused everything, forever).
     let (identity_refused, refused) = tokio::sync::oneshot::channel::<String>();
+    let mut identity_refused = Some(identity_refused);
     // Fused: polled in two selects, it must not be polled after it ended.
     let mut refused = futures_util::FutureExt::fuse(refused);
     if let Identity::Node {
@@ -352,18 +353,53 @@ pub async fn run(
             CHECK,
             &format!("not yet confirmed that the apiserver lets the proxy act as node {name:?}"),
         );
-        let (upstream, name, readiness, token) = (
+        let (upstream, name, readiness, token, identity_refused) = (
             upstream.clone(),
             name.clone(),
             readiness.clone(),
             token.clone(),
+            identity_refused.take(),
         );
         tokio::spawn(async move {
             match identity::confirm_node_access(&upstream, &name, &token).await {
                 Ok(()) => readiness.set(CHECK, Ok(())),
                 Err(message) => {
                     readiness.set(CHECK, Err(message.clone()));
-                    let _ = identity_refused.send(message);
+                    if let Some(refused) = identity_refused {
+                        let _ = refused.send(message);
+                    }
+                }
+            }
+        });
+    }
+    // A tier learns how it may act as its nodes, or stops: without either
+    // kind of node impersonation every node request would be refused.
+    let node_impersonation = Arc::new(std::sync::OnceLock::new());
+    if identity == Identity::Tier {
+        const CHECK: &str = "upstream-identity";
+        readiness.register(
+            CHECK,
+            "not yet learnt how the apiserver lets this tier act as its nodes",
+        );
+        let (upstream, readiness, token, mode, identity_refused) = (
+            upstream.clone(),
+            readiness.clone(),
+            token.clone(),
+            node_impersonation.clone(),
+            identity_refused.take(),
+        );
+        tokio::spawn(async move {
+            match identity::tier_node_impersonation(&upstream, &token).await {
+                Ok(found) => {
+                    tracing::info!(impersonation = ?found, "the tier acts upstream as its nodes by impersonation");
+                    let _ = mode.set(found);
+                    readiness.set(CHECK, Ok(()));
+                }
+                Err(message) => {
+                    readiness.set(CHECK, Err(message.clone()));
+                    if let Some(refused) = identity_refused {
+                        let _ = refused.send(message);
+                    }
                 }
             }
         });
@@ -450,14 +486,17 @@ pub async fn run(
         &config.authorization,
         auth_metrics,
     );
-    let handler = Arc::new(Handler::new(
-        upstream,
-        identity,
-        metrics.clone(),
-        caches,
-        auth,
-        token.clone(),
-    ));
+    let handler = Arc::new(
+        Handler::new(
+            upstream,
+            identity,
+            metrics.clone(),
+            caches,
+            auth,
+            token.clone(),
+        )
+        .with_node_impersonation(node_impersonation),
+    );
     let ready_timeout = Duration::from_secs(config.takeover.ready_timeout_seconds);
     let mut shutdown = std::pin::pin!(shutdown);
 

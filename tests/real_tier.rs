@@ -22,15 +22,14 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kube_cache_proxy::config::{Config, FallbackConfig, IdentityMode};
+use kube_cache_proxy::config::{FallbackConfig, IdentityMode};
 use kube_cache_proxy::pki::Ca;
 use kube_testenv::{ControlPlane, Morph};
 use serde_json::{Value, json};
 use support::env::{Running, tempdir};
-use support::real::{eventually, metric_by_resource, metric_sum};
+use support::real::{apply, eventually, metric_by_resource, metric_sum, shipped, write};
 use support::{Auth, Client};
 
 /// The apiserver's open watches by resource.
@@ -53,48 +52,6 @@ fn condition_true(obj: &Value, kind: &str) -> bool {
         .into_iter()
         .flatten()
         .any(|c| c["type"] == kind && c["status"] == "True")
-}
-
-async fn apply(admin: &Client, manifest: &str) {
-    for doc in manifest.split("\n---\n") {
-        let obj: Value = match serde_saphyr::from_str(doc) {
-            Ok(Value::Null) | Err(_) => continue,
-            Ok(v) => v,
-        };
-        let collection = match obj["kind"].as_str().unwrap() {
-            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            "ClusterRoleBinding" => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            "ServiceAccount" => "/api/v1/namespaces/kube-system/serviceaccounts",
-            other => panic!("unexpected {other}"),
-        };
-        let r = admin.post_json(collection, &obj).await;
-        assert!(r.status == 201 || r.status == 409, "{}", r.text());
-    }
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-/// A shipped configuration with what only exists on a node or in a pod
-/// (addresses, files) replaced.
-fn shipped(path: &str, dir: &Path, serving_ca: &Ca, client_ca_pem: &str) -> Config {
-    let mut c = Config::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap();
-    let serving = serving_ca
-        .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
-        .unwrap();
-    c.listen = "127.0.0.1:0".into();
-    c.admin_listen = "127.0.0.1:0".into();
-    c.metrics_listen = None;
-    c.tls.cert_file = Some(write(dir, "tls.crt", &serving.cert_pem));
-    c.tls.private_key_file = Some(write(dir, "tls.key", &serving.key_pem));
-    c.tls.client_ca_file = Some(write(dir, "client-ca.crt", client_ca_pem));
-    c.cache.persistence.directory = None;
-    c.takeover.socket_path = None;
-    c.cache.ready_wait_milliseconds = 10_000;
-    c
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
