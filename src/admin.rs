@@ -1,7 +1,9 @@
 //! The admin listener: plain HTTP on its own port, serving `/metrics`,
-//! `/healthz`, `/livez` and `/readyz`. It never serves cluster data, and,
-//! unauthenticated, listens on loopback only (`adminListen`); the same
-//! endpoints beyond the node are the metrics listener's
+//! `/healthz`, `/livez`, `/readyz` and `/debug/caches` (the caches' counts,
+//! resourceVersions and ages as JSON, for `kube-cache-proxy status`: see
+//! [`crate::cache::status`]). It never serves cluster data, and,
+//! unauthenticated, listens on loopback only (`adminListen`); metrics and
+//! health beyond the node are the metrics listener's
 //! ([`crate::metrics_listener`]).
 //!
 //! Health bodies follow kube-apiserver's format: `ok`, or with `?verbose`
@@ -20,6 +22,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{self, Body};
+use crate::cache::resource::ResourceCache;
 use crate::metrics::Metrics;
 use crate::ready::Readiness;
 use crate::tls::ServerTls;
@@ -31,6 +34,8 @@ pub struct Admin {
     pub readiness: Readiness,
     /// The serving certificate, for its expiry metric.
     pub tls: Option<ServerTls>,
+    /// The caches `/debug/caches` describes (none: it answers `404`).
+    pub caches: Option<Vec<Arc<ResourceCache>>>,
 }
 
 // === impl Admin ===
@@ -99,6 +104,23 @@ impl Admin {
                 let mut checks = vec![("ping".to_string(), Ok(()))];
                 checks.extend(self.readiness.report());
                 health("readyz", checks, verbose)
+            }
+            "/debug/caches" if self.caches.is_some() => {
+                let status = crate::cache::status::Status {
+                    caches: self
+                        .caches
+                        .iter()
+                        .flatten()
+                        .map(|c| crate::cache::status::of(c))
+                        .collect(),
+                };
+                let json = serde_json::to_string_pretty(&status).unwrap_or_default();
+                let mut r = text(StatusCode::OK, json + "\n");
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                r
             }
             _ => text(StatusCode::NOT_FOUND, "404 page not found\n".into()),
         }

@@ -88,6 +88,32 @@ pub enum Command {
     /// otherwise): an exec probe of the loopback-only admin port where
     /// kubelet cannot reach it (a pod not on the host network).
     Probe(ProbeArgs),
+    /// Print what a running proxy caches: per cache its objects,
+    /// resourceVersion, history, watchers, bytes, and when it last
+    /// changed, was listed and was checked against upstream; read from
+    /// its admin port (`/debug/caches`).
+    Status(StatusArgs),
+}
+
+/// Flags of `status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The proxy's admin listener (`adminListen`).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9444")]
+    pub admin_address: String,
+    /// `table` (like kubectl's) or `json` (the `/debug/caches` answer).
+    #[arg(short = 'o', long, value_enum, default_value_t = StatusOutput::Table)]
+    pub output: StatusOutput,
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 3)]
+    pub timeout_seconds: u64,
+}
+
+/// `status --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    Table,
+    Json,
 }
 
 /// Flags of `probe`.

@@ -408,10 +408,11 @@ pub async fn run(
     upstream.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     upstream.set_fallback_gauge(metrics.upstream_fallback_active.clone());
     upstream.spawn_primary_recheck(token.clone());
-    let admin = Admin {
+    let mut admin = Admin {
         metrics: metrics.clone(),
         readiness: readiness.clone(),
         tls: Some(tls.clone()),
+        caches: None,
     };
     if let Some(csr) = csr {
         csr.spawn(&upstream, &tls, &readiness, &token);
@@ -425,6 +426,7 @@ pub async fn run(
             message,
         })?;
     let caches = cache::Caches::new(&cache_config, &config.node_name, &identity, &cache_metrics)?;
+    admin.caches = Some(caches.iter().cloned().collect());
     let snapshots = snapshots(&config.cache.persistence, &kube_config);
     caches.spawn_reflectors(
         &upstream,
@@ -463,10 +465,12 @@ pub async fn run(
     let metrics_server = match metrics_listener {
         Some(listener) => {
             let metrics_listener = metrics_listener::MetricsListener {
+                // Beyond the node: metrics and health only.
                 admin: Admin {
                     metrics: metrics.clone(),
                     readiness: readiness.clone(),
                     tls: Some(tls.clone()),
+                    caches: None,
                 },
                 tls: tls.clone(),
                 auth: auth::Auth::new(

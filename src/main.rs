@@ -64,6 +64,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => runtime.block_on(serve(args)),
         Some(Command::PrepareStateDir(args)) => prepare_state_dir(&args),
         Some(Command::Probe(args)) => runtime.block_on(probe(&args)),
+        Some(Command::Status(args)) => runtime.block_on(status(&args)),
         None => match cli.validate_config {
             Some(file) => runtime.block_on(validate(file, cli.serve)),
             None => runtime.block_on(serve(cli.serve)),
@@ -197,11 +198,45 @@ fn prepare_state_dir(args: &kube_cache_proxy::cli::PrepareStateDirArgs) -> anyho
 
 /// `probe`: a GET of a plain-HTTP URL; an error unless it answers 200.
 async fn probe(args: &kube_cache_proxy::cli::ProbeArgs) -> anyhow::Result<()> {
+    let (status, body) = plain_get(&args.url, args.timeout_seconds).await?;
+    if status == http::StatusCode::OK {
+        Ok(())
+    } else {
+        anyhow::bail!("{}: {status}: {}", args.url, String::from_utf8_lossy(&body))
+    }
+}
+
+/// `status`: the admin port's `/debug/caches`, as a table or as it is.
+async fn status(args: &kube_cache_proxy::cli::StatusArgs) -> anyhow::Result<()> {
+    use kube_cache_proxy::cache::status::{Status, table};
+    use kube_cache_proxy::cli::StatusOutput;
+    let url = format!("http://{}/debug/caches", args.admin_address);
+    let (code, body) = plain_get(&url, args.timeout_seconds).await?;
+    if code != http::StatusCode::OK {
+        anyhow::bail!("{url}: {code}: {}", String::from_utf8_lossy(&body));
+    }
+    match args.output {
+        StatusOutput::Json => print!("{}", String::from_utf8_lossy(&body)),
+        StatusOutput::Table => {
+            let status: Status = serde_json::from_slice(&body)
+                .map_err(|e| anyhow::anyhow!("{url}: not a status: {e}"))?;
+            print!("{}", table(&status));
+        }
+    }
+    Ok(())
+}
+
+/// A GET of a plain-HTTP URL on this host (the admin port): its status
+/// and body, within `timeout_seconds`.
+async fn plain_get(
+    url: &str,
+    timeout_seconds: u64,
+) -> anyhow::Result<(http::StatusCode, bytes::Bytes)> {
     use http_body_util::BodyExt;
-    let uri: http::Uri = args.url.parse()?;
+    let uri: http::Uri = url.parse()?;
     let authority = uri
         .authority()
-        .ok_or_else(|| anyhow::anyhow!("{}: no host:port", args.url))?
+        .ok_or_else(|| anyhow::anyhow!("{url}: no host:port"))?
         .clone();
     let exchange = async {
         let tcp = tokio::net::TcpStream::connect(authority.as_str()).await?;
@@ -216,15 +251,7 @@ async fn probe(args: &kube_cache_proxy::cli::ProbeArgs) -> anyhow::Result<()> {
         let body = resp.into_body().collect().await?.to_bytes();
         anyhow::Ok((status, body))
     };
-    let (status, body) = tokio::time::timeout(
-        std::time::Duration::from_secs(args.timeout_seconds),
-        exchange,
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("{}: no answer in {} s", args.url, args.timeout_seconds))??;
-    if status == http::StatusCode::OK {
-        Ok(())
-    } else {
-        anyhow::bail!("{}: {status}: {}", args.url, String::from_utf8_lossy(&body))
-    }
+    tokio::time::timeout(std::time::Duration::from_secs(timeout_seconds), exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("{url}: no answer in {timeout_seconds} s"))?
 }

@@ -514,6 +514,33 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
     assert_eq!(w.status, 200);
     let r = client.get("/version").await;
     assert_eq!(r.status, 200);
+    // The operator's view, from the admin port: every cache, synced, the
+    // namespaces cache with its one watcher; as a table and as JSON.
+    let status = |output: &str| {
+        let out = std::process::Command::new(BIN)
+            .args(["status", "--admin-address", &format!("127.0.0.1:{admin_port}")])
+            .args(["-o", output])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = status("table");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("RESOURCE "), "{table}");
+    let namespaces = lines
+        .iter()
+        .find(|l| l.starts_with("namespaces "))
+        .unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = namespaces.split_whitespace().collect();
+    // RESOURCE SCOPE SYNCED OBJECTS RV BYTES HISTORY(n from rv) WATCHERS
+    assert_eq!((cells[1], cells[2], cells[9]), ("-", "true", "1"), "{table}");
+    let json: serde_json::Value = serde_json::from_str(&status("json")).unwrap();
+    let caches = json["caches"].as_array().unwrap();
+    assert_eq!(caches.len(), lines.len() - 1, "{json}");
+    assert!(caches.iter().all(|c| c["synced"] == true), "{json}");
+    let nodes = caches.iter().find(|c| c["resource"] == "nodes").unwrap();
+    assert!(nodes["listedSecondsAgo"].as_f64().unwrap() < 60.0, "{json}");
     // The scrape, with requests counted, is what promtool accepts.
     let scrape = admin_get(admin_port, "/metrics").await;
     let body = scrape

@@ -228,10 +228,12 @@ impl Checker {
             match result {
                 Ok((rv, c)) if c.consistent() => {
                     metrics.consistency_check("success", seconds);
+                    self.cache.note_check("success");
                     tracing::debug!(%resource, rv, objects = c.objects, seconds, "cache consistency check passed");
                 }
                 Ok((rv, c)) => {
                     metrics.consistency_check("failure", seconds);
+                    self.cache.note_check("failure");
                     let first = c.first.clone().unwrap_or(Difference {
                         key: String::new(),
                         cache: None,
@@ -253,6 +255,7 @@ impl Checker {
                 }
                 Err(error) => {
                     metrics.consistency_check("error", seconds);
+                    self.cache.note_check("error");
                     tracing::warn!(%resource, %error, "cache consistency check error");
                 }
             }

@@ -17,6 +17,7 @@ pub mod query;
 pub mod reflector;
 pub mod resource;
 pub mod serve;
+pub mod status;
 pub mod store;
 pub mod watcher;
 

@@ -130,7 +130,19 @@ pub struct ResourceCache {
     /// stops reading upstream), so nothing is served past the snapshot the
     /// successor resumes from.
     frozen: watch::Sender<bool>,
+    /// When the cache last changed (an event, a bookmark, a list), was
+    /// last (re)listed, and last checked against upstream, with the
+    /// check's result: for the operator's view (`status.rs`).
+    times: Mutex<Times>,
     pub metrics: ResourceMetrics,
+}
+
+/// See [`ResourceCache::times`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Times {
+    pub changed: Option<Instant>,
+    pub listed: Option<Instant>,
+    pub checked: Option<(Instant, &'static str)>,
 }
 
 /// Where a cache filled from a snapshot stands. A restarted proxy's
@@ -196,6 +208,7 @@ impl ResourceCache {
             upstream_down_since: Mutex::new(None),
             resumed: watch::channel(Resumed::Current).0,
             frozen: watch::channel(false).0,
+            times: Mutex::new(Times::default()),
             metrics,
         }
     }
@@ -228,6 +241,7 @@ impl ResourceCache {
             let mut s = self.state.lock();
             let o = s.replace(items, list_rv, Instant::now());
             self.observe(&s, &o);
+            self.times.lock().listed = Some(Instant::now());
             o
         };
         if self.healing.swap(false, Ordering::AcqRel) && outcome.closed_reset > 0 {
@@ -254,7 +268,19 @@ impl ResourceCache {
         }
     }
 
+    /// When the cache last changed, was listed and was checked.
+    pub fn times(&self) -> Times {
+        *self.times.lock()
+    }
+
+    /// Records a consistency check's result (`success`, `failure`,
+    /// `error`).
+    pub fn note_check(&self, result: &'static str) {
+        self.times.lock().checked = Some((Instant::now(), result));
+    }
+
     fn observe(&self, s: &State, o: &Outcome) {
+        self.times.lock().changed = Some(Instant::now());
         let m = &self.metrics;
         m.objects.set(s.objects().len() as i64);
         m.bytes.set(s.bytes() as i64);
