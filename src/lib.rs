@@ -374,16 +374,13 @@ pub async fn run(
     }
     // A tier learns how it may act as its nodes, or stops: without either
     // kind of node impersonation every node request would be refused.
+    // Not a readiness check: a tier restarted while the apiserver is down
+    // serves its caches meanwhile; until the answer, node requests go
+    // upstream by constrained impersonation.
     let node_impersonation = Arc::new(std::sync::OnceLock::new());
     if identity == Identity::Tier {
-        const CHECK: &str = "upstream-identity";
-        readiness.register(
-            CHECK,
-            "not yet learnt how the apiserver lets this tier act as its nodes",
-        );
-        let (upstream, readiness, token, mode, identity_refused) = (
+        let (upstream, token, mode, identity_refused) = (
             upstream.clone(),
-            readiness.clone(),
             token.clone(),
             node_impersonation.clone(),
             identity_refused.take(),
@@ -393,10 +390,8 @@ pub async fn run(
                 Ok(found) => {
                     tracing::info!(impersonation = ?found, "the tier acts upstream as its nodes by impersonation");
                     let _ = mode.set(found);
-                    readiness.set(CHECK, Ok(()));
                 }
                 Err(message) => {
-                    readiness.set(CHECK, Err(message.clone()));
                     if let Some(refused) = identity_refused {
                         let _ = refused.send(message);
                     }

@@ -518,7 +518,11 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
     // namespaces cache with its one watcher; as a table and as JSON.
     let status = |output: &str| {
         let out = std::process::Command::new(BIN)
-            .args(["status", "--admin-address", &format!("127.0.0.1:{admin_port}")])
+            .args([
+                "status",
+                "--admin-address",
+                &format!("127.0.0.1:{admin_port}"),
+            ])
             .args(["-o", output])
             .output()
             .unwrap();
@@ -534,7 +538,11 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         .unwrap_or_else(|| panic!("{table}"));
     let cells: Vec<&str> = namespaces.split_whitespace().collect();
     // RESOURCE SCOPE SYNCED OBJECTS RV BYTES HISTORY(n from rv) WATCHERS
-    assert_eq!((cells[1], cells[2], cells[9]), ("-", "true", "1"), "{table}");
+    assert_eq!(
+        (cells[1], cells[2], cells[9]),
+        ("-", "true", "1"),
+        "{table}"
+    );
     let json: serde_json::Value = serde_json::from_str(&status("json")).unwrap();
     let caches = json["caches"].as_array().unwrap();
     assert_eq!(caches.len(), lines.len() - 1, "{json}");
