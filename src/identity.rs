@@ -236,17 +236,7 @@ pub async fn confirm_node_access(
                 .map_err(|e| e.to_string())?;
             let value = HeaderValue::from_str(&user).map_err(|e| e.to_string())?;
             req.headers_mut().insert("impersonate-user", value);
-            let resp = upstream
-                .send(req, Credentials::Proxy)
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = resp.status();
-            let body = Limited::new(resp.into_body(), 64 * 1024)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            Ok::<_, String>((status, body))
+            own_exchange(upstream, req).await
         }
         .await;
         let reason = match answer {
@@ -394,6 +384,20 @@ async fn self_access(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    let (status, body) = own_exchange(upstream, req).await?;
+    if status != StatusCode::CREATED && status != StatusCode::OK {
+        return Err(format!("SelfSubjectAccessReview: {status}"));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    Ok(v["status"]["allowed"].as_bool() == Some(true))
+}
+
+/// Sends one of the proxy's own requests upstream, on its own credentials:
+/// the status and the body (its first 64 KiB).
+async fn own_exchange(
+    upstream: &Upstream,
+    req: http::Request<crate::body::Body>,
+) -> Result<(StatusCode, bytes::Bytes), String> {
     let resp = upstream
         .send(req, Credentials::Proxy)
         .await
@@ -404,11 +408,7 @@ async fn self_access(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    if status != StatusCode::CREATED && status != StatusCode::OK {
-        return Err(format!("SelfSubjectAccessReview: {status}"));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-    Ok(v["status"]["allowed"].as_bool() == Some(true))
+    Ok((status, body))
 }
 
 /// The apiserver's `gitVersion` (`GET /version`, readable by anyone), for
@@ -416,12 +416,7 @@ async fn self_access(
 async fn apiserver_version(upstream: &Upstream) -> String {
     let read = async {
         let req = upstream.own_request(Method::GET, "/version", None).ok()?;
-        let resp = upstream.send(req, Credentials::Proxy).await.ok()?;
-        let body = Limited::new(resp.into_body(), 64 * 1024)
-            .collect()
-            .await
-            .ok()?
-            .to_bytes();
+        let (_, body) = own_exchange(upstream, req).await.ok()?;
         let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
         v["gitVersion"].as_str().map(str::to_string)
     };

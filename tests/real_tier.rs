@@ -29,7 +29,9 @@ use kube_cache_proxy::pki::Ca;
 use kube_testenv::{ControlPlane, Morph};
 use serde_json::{Value, json};
 use support::env::{Running, tempdir};
-use support::real::{apply, eventually, metric_by_resource, metric_sum, shipped, write};
+use support::real::{
+    apply, eventually, metric_by_resource, metric_sum, service_account_token, shipped, write,
+};
 use support::{Auth, Client};
 
 /// The apiserver's open watches by resource.
@@ -83,15 +85,7 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
     let baseline = apiserver_watches(&admin.get("/metrics").await.text());
 
     // The tier, as its ServiceAccount.
-    let r = admin
-        .post_json(
-            "/api/v1/namespaces/kube-system/serviceaccounts/kube-cache-proxy-tier/token",
-            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                    "spec": {"expirationSeconds": 3600}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text());
-    let tier_token = r.json()["status"]["token"].as_str().unwrap().to_string();
+    let tier_token = service_account_token(&admin, "kube-system", "kube-cache-proxy-tier").await;
     let tier_dir = tempdir();
     let tier_ca = Ca::new("tier-ca").unwrap();
     let mut tier_config = shipped(

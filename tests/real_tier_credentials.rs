@@ -29,9 +29,8 @@ use kube_cache_proxy::config::Config;
 use kube_cache_proxy::kubeconfig::with_token;
 use kube_cache_proxy::pki::Ca;
 use kube_testenv::ControlPlane;
-use serde_json::json;
 use support::env::{Running, tempdir};
-use support::real::{apply, eventually, shipped, write};
+use support::real::{apply, eventually, service_account_token, shipped, write};
 use support::{Auth, Client};
 
 const NODE: &str = "cred-node-0";
@@ -117,15 +116,7 @@ fn tier_config(cp: &ControlPlane, dir: &Path, ca: &Ca, upstream: &str) -> Config
 /// A kubeconfig reaching the apiserver with a token of ServiceAccount
 /// `kube-system/<name>`.
 async fn service_account(cp: &ControlPlane, admin: &Client, name: &str) -> String {
-    let r = admin
-        .post_json(
-            &format!("/api/v1/namespaces/kube-system/serviceaccounts/{name}/token"),
-            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                    "spec": {"expirationSeconds": 3600}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text());
-    let token = r.json()["status"]["token"].as_str().unwrap().to_string();
+    let token = service_account_token(admin, "kube-system", name).await;
     with_token(&cp.url(), &cp.ca_pem(), &token)
 }
 

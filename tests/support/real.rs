@@ -385,3 +385,17 @@ pub fn shipped(path: &str, dir: &Path, serving_ca: &Ca, client_ca_pem: &str) -> 
     c.cache.ready_wait_milliseconds = 10_000;
     c
 }
+
+/// A token of ServiceAccount `namespace/name`, valid for an hour, from the
+/// TokenRequest API (as `admin`).
+pub async fn service_account_token(admin: &Client, namespace: &str, name: &str) -> String {
+    let r = admin
+        .post_json(
+            &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"),
+            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": 3600}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    r.json()["status"]["token"].as_str().unwrap().to_string()
+}
