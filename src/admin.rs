@@ -106,14 +106,14 @@ impl Admin {
                 health("readyz", checks, verbose)
             }
             "/debug/caches" if self.caches.is_some() => {
-                let status = crate::cache::status::Status {
-                    caches: self
-                        .caches
-                        .iter()
-                        .flatten()
-                        .map(|c| crate::cache::status::of(c))
-                        .collect(),
-                };
+                let mut caches: Vec<_> = self
+                    .caches
+                    .iter()
+                    .flatten()
+                    .map(|c| crate::cache::status::of(c))
+                    .collect();
+                caches.sort_by(|a, b| (&a.group, &a.resource).cmp(&(&b.group, &b.resource)));
+                let status = crate::cache::status::Status { caches };
                 let json = serde_json::to_string_pretty(&status).unwrap_or_default();
                 let mut r = text(StatusCode::OK, json + "\n");
                 r.headers_mut().insert(

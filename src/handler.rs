@@ -200,6 +200,18 @@ impl Handler {
                         Ok(Decision::Allow) => {
                             match self.answer_from_cache(cache, &req, info).await {
                                 Ok(resp) => {
+                                    // Who watches what, for `status`.
+                                    let resp = match &identity {
+                                        Some(user) if info.verb == "watch" => {
+                                            let (parts, body) = resp.into_parts();
+                                            let watching = cache.watching(&user.name);
+                                            Response::from_parts(
+                                                parts,
+                                                body::guarded(body, watching),
+                                            )
+                                        }
+                                        _ => resp,
+                                    };
                                     let resp = if websocket && info.verb == "watch" {
                                         upgrade_watch(&mut req, &credential, resp)
                                     } else {

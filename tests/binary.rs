@@ -530,6 +530,15 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         String::from_utf8(out.stdout).unwrap()
     };
     let table = status("table");
+    let (table, watchers) = table.split_once("\n\n").unwrap_or((&table, ""));
+    // The one watch, by its user (the sim's admin).
+    let watcher: Vec<&str> = watchers
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(watcher[1..], ["namespaces", "1"], "{watchers}");
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("RESOURCE "), "{table}");
     let namespaces = lines

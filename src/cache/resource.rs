@@ -3,6 +3,7 @@
 //! older versions for `Exact` and continued lists, and the coalesced
 //! upstream probe behind consistent reads.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -134,7 +135,30 @@ pub struct ResourceCache {
     /// last (re)listed, and last checked against upstream, with the
     /// check's result: for the operator's view (`status.rs`).
     times: Mutex<Times>,
+    /// Watches served from the cache now, by the user they act as (for
+    /// the operator's view; an entry leaves with its last watch).
+    watchers_by_user: Mutex<HashMap<String, usize>>,
     pub metrics: ResourceMetrics,
+}
+
+/// Counts one watch of a user in [`ResourceCache::watchers_by_user`]
+/// while it lives.
+#[derive(Debug)]
+pub struct Watching {
+    cache: Arc<ResourceCache>,
+    user: String,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let mut m = self.cache.watchers_by_user.lock();
+        if let Some(n) = m.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.user);
+            }
+        }
+    }
 }
 
 /// See [`ResourceCache::times`].
@@ -209,6 +233,7 @@ impl ResourceCache {
             resumed: watch::channel(Resumed::Current).0,
             frozen: watch::channel(false).0,
             times: Mutex::new(Times::default()),
+            watchers_by_user: Mutex::new(HashMap::new()),
             metrics,
         }
     }
@@ -271,6 +296,34 @@ impl ResourceCache {
     /// When the cache last changed, was listed and was checked.
     pub fn times(&self) -> Times {
         *self.times.lock()
+    }
+
+    /// Counts a watch of `user` served from the cache until the returned
+    /// guard is dropped (with the response body).
+    pub fn watching(self: &Arc<Self>, user: &str) -> Watching {
+        *self
+            .watchers_by_user
+            .lock()
+            .entry(user.to_string())
+            .or_default() += 1;
+        Watching {
+            cache: self.clone(),
+            user: user.to_string(),
+        }
+    }
+
+    /// The `n` users with the most watches served from the cache now, most
+    /// first (ties by name).
+    pub fn top_watchers(&self, n: usize) -> Vec<(String, usize)> {
+        let mut all: Vec<(String, usize)> = self
+            .watchers_by_user
+            .lock()
+            .iter()
+            .map(|(u, c)| (u.clone(), *c))
+            .collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(n);
+        all
     }
 
     /// Records a consistency check's result (`success`, `failure`,

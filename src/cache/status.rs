@@ -64,6 +64,21 @@ pub struct CacheStatus {
     /// A consistent read's probe found upstream ahead of the cache within
     /// the last second (consistent lists of small scopes pass through).
     pub behind_upstream: bool,
+    /// The users with the most watches served from this cache now (at
+    /// most [`TOP_WATCHERS`]), most first.
+    #[serde(default)]
+    pub top_watchers: Vec<Watchers>,
+}
+
+/// How many users [`CacheStatus::top_watchers`] lists.
+pub const TOP_WATCHERS: usize = 5;
+
+/// One user's watches of a cache.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Watchers {
+    pub user: String,
+    pub watches: usize,
 }
 
 /// The status of `cache` now.
@@ -101,6 +116,11 @@ pub fn of(cache: &ResourceCache) -> CacheStatus {
         checked_seconds_ago: ago(times.checked.map(|(t, _)| t)),
         upstream_down_seconds: ago(cache.upstream_down_since()),
         behind_upstream: cache.known_behind(),
+        top_watchers: cache
+            .top_watchers(TOP_WATCHERS)
+            .into_iter()
+            .map(|(user, watches)| Watchers { user, watches })
+            .collect(),
     }
 }
 
@@ -178,7 +198,45 @@ pub fn table(status: &Status) -> String {
             upstream,
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
+    let mut out = aligned(&rows);
+    // The top watchers over every cache.
+    let mut watchers: Vec<(usize, &str, String)> = status
+        .caches
+        .iter()
+        .flat_map(|c| {
+            c.top_watchers.iter().map(move |w| {
+                let resource = if c.group.is_empty() {
+                    c.resource.clone()
+                } else {
+                    format!("{}.{}", c.resource, c.group)
+                };
+                (w.watches, w.user.as_str(), resource)
+            })
+        })
+        .collect();
+    if !watchers.is_empty() {
+        watchers.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (a.1, &a.2).cmp(&(b.1, &b.2))));
+        watchers.truncate(2 * TOP_WATCHERS);
+        let mut rows = vec![vec![
+            "USER".to_string(),
+            "RESOURCE".into(),
+            "WATCHES".into(),
+        ]];
+        rows.extend(
+            watchers
+                .into_iter()
+                .map(|(n, user, resource)| vec![user.to_string(), resource, n.to_string()]),
+        );
+        out.push('\n');
+        out.push_str(&aligned(&rows));
+    }
+    out
+}
+
+/// Rows as columns padded to their widest cell, three spaces apart.
+fn aligned(rows: &[Vec<String>]) -> String {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -231,6 +289,10 @@ mod tests {
                     listed_seconds_ago: Some(600.0),
                     last_check: Some("success".into()),
                     checked_seconds_ago: Some(30.0),
+                    top_watchers: vec![Watchers {
+                        user: "system:node:node-1".into(),
+                        watches: 2,
+                    }],
                     ..CacheStatus::default()
                 },
                 CacheStatus {
@@ -243,7 +305,12 @@ mod tests {
             ],
         };
         let t = table(&status);
-        let lines: Vec<&str> = t.lines().collect();
+        let (caches, watchers) = t.split_once("\n\n").unwrap();
+        assert_eq!(
+            watchers,
+            "USER                 RESOURCE   WATCHES\nsystem:node:node-1   pods       2\n"
+        );
+        let lines: Vec<&str> = caches.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("RESOURCE "), "{t}");
         assert!(lines[1].starts_with("pods "), "{t}");
