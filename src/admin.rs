@@ -36,6 +36,8 @@ pub struct Admin {
     pub tls: Option<ServerTls>,
     /// The caches `/debug/caches` describes (none: it answers `404`).
     pub caches: Option<Vec<Arc<ResourceCache>>>,
+    /// The upstream servers it describes.
+    pub upstream: Option<crate::upstream::Upstream>,
 }
 
 // === impl Admin ===
@@ -113,7 +115,16 @@ impl Admin {
                     .map(|c| crate::cache::status::of(c))
                     .collect();
                 caches.sort_by(|a, b| (&a.group, &a.resource).cmp(&(&b.group, &b.resource)));
-                let status = crate::cache::status::Status { caches };
+                let (servers, failures) = self
+                    .upstream
+                    .as_ref()
+                    .map(crate::upstream::Upstream::servers)
+                    .unwrap_or_default();
+                let status = crate::cache::status::Status {
+                    caches,
+                    upstream: crate::cache::status::servers(servers),
+                    primary_connect_failures: failures,
+                };
                 let json = serde_json::to_string_pretty(&status).unwrap_or_default();
                 let mut r = text(StatusCode::OK, json + "\n");
                 r.headers_mut().insert(

@@ -408,6 +408,7 @@ pub async fn run(
         readiness: readiness.clone(),
         tls: Some(tls.clone()),
         caches: None,
+        upstream: Some(upstream.clone()),
     };
     if let Some(csr) = csr {
         csr.spawn(&upstream, &tls, &readiness, &token);
@@ -466,6 +467,7 @@ pub async fn run(
                     readiness: readiness.clone(),
                     tls: Some(tls.clone()),
                     caches: None,
+                    upstream: None,
                 },
                 tls: tls.clone(),
                 auth: auth::Auth::new(

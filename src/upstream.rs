@@ -536,6 +536,35 @@ impl Upstream {
         &self.site().base
     }
 
+    /// Each server (the primary, then `upstream.fallback`'s): its URL
+    /// (without any user information) and whether it is the active one;
+    /// and the primary's consecutive connect failures. For the operator's
+    /// view.
+    pub fn servers(&self) -> (Vec<(String, bool)>, u32) {
+        let active = *self.state.active.borrow();
+        let servers = self
+            .sites
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let authority = s.base.authority().map_or("", |a| {
+                    a.as_str()
+                        .rsplit_once('@')
+                        .map_or(a.as_str(), |(_, host)| host)
+                });
+                let scheme = s.base.scheme_str().unwrap_or("https");
+                let path = s.base.path().trim_end_matches('/');
+                (format!("{scheme}://{authority}{path}"), i == active)
+            })
+            .collect();
+        (
+            servers,
+            self.state
+                .failures
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     /// The URI of a request's path and query on the active server.
     ///
     /// # Errors

@@ -529,16 +529,27 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         assert!(out.status.success(), "{out:?}");
         String::from_utf8(out.stdout).unwrap()
     };
-    let table = status("table");
-    let (table, watchers) = table.split_once("\n\n").unwrap_or((&table, ""));
+    let output = status("table");
+    let sections: Vec<&str> = output.split("\n\n").collect();
+    let section = |header: &str| {
+        sections
+            .iter()
+            .find(|s| s.starts_with(header))
+            .unwrap_or_else(|| panic!("no {header} in:\n{output}"))
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
     // The one watch, by its user (the sim's admin).
-    let watcher: Vec<&str> = watchers
-        .lines()
-        .nth(1)
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    assert_eq!(watcher[1..], ["namespaces", "1"], "{watchers}");
+    assert_eq!(section("USER ")[0][1..], ["namespaces", "1"], "{output}");
+    // The one upstream server, active.
+    assert_eq!(
+        section("UPSTREAM ")[0][1..],
+        ["primary", "true"],
+        "{output}"
+    );
+    let table = sections[0];
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("RESOURCE "), "{table}");
     let namespaces = lines

@@ -19,6 +19,38 @@ use super::resource::ResourceCache;
 #[serde(rename_all = "camelCase")]
 pub struct Status {
     pub caches: Vec<CacheStatus>,
+    /// The upstream servers: the primary, then the fallback if any.
+    #[serde(default)]
+    pub upstream: Vec<Server>,
+    /// The primary's consecutive connect failures (the fallback is used
+    /// after 3).
+    #[serde(default)]
+    pub primary_connect_failures: u32,
+}
+
+/// One upstream server.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Server {
+    pub url: String,
+    /// `primary` (`upstream.kubeconfig`) or `fallback`
+    /// (`upstream.fallback`).
+    pub role: String,
+    /// Whether requests and watches go there now.
+    pub active: bool,
+}
+
+/// The upstream part of [`Status`] from `Upstream::servers`.
+pub fn servers(servers: Vec<(String, bool)>) -> Vec<Server> {
+    servers
+        .into_iter()
+        .enumerate()
+        .map(|(i, (url, active))| Server {
+            url,
+            role: if i == 0 { "primary" } else { "fallback" }.into(),
+            active,
+        })
+        .collect()
 }
 
 /// One cache.
@@ -199,6 +231,25 @@ pub fn table(status: &Status) -> String {
         ]);
     }
     let mut out = aligned(&rows);
+    if !status.upstream.is_empty() {
+        let mut rows = vec![vec!["UPSTREAM".to_string(), "ROLE".into(), "ACTIVE".into()]];
+        rows.extend(status.upstream.iter().map(|s| {
+            vec![
+                s.url.clone(),
+                if s.role == "primary" && status.primary_connect_failures > 0 {
+                    format!(
+                        "primary ({} connect failures)",
+                        status.primary_connect_failures
+                    )
+                } else {
+                    s.role.clone()
+                },
+                s.active.to_string(),
+            ]
+        }));
+        out.push('\n');
+        out.push_str(&aligned(&rows));
+    }
     // The top watchers over every cache.
     let mut watchers: Vec<(usize, &str, String)> = status
         .caches
@@ -303,9 +354,25 @@ mod tests {
                     ..CacheStatus::default()
                 },
             ],
+            ..Status::default()
         };
         let t = table(&status);
         let (caches, watchers) = t.split_once("\n\n").unwrap();
+        assert!(!t.contains("UPSTREAM "), "no server, no section: {t}");
+        let with_servers = Status {
+            upstream: servers(vec![
+                ("https://tier:6443".into(), false),
+                ("https://10.0.0.1:6443".into(), true),
+            ]),
+            primary_connect_failures: 3,
+            ..Status::default()
+        };
+        assert_eq!(
+            table(&with_servers).split_once("\n\n").unwrap().1,
+            "UPSTREAM                ROLE                           ACTIVE\n\
+             https://tier:6443       primary (3 connect failures)   false\n\
+             https://10.0.0.1:6443   fallback                       true\n"
+        );
         assert_eq!(
             watchers,
             "USER                 RESOURCE   WATCHES\nsystem:node:node-1   pods       2\n"
