@@ -115,6 +115,20 @@ async fn write_sequence(api: &Api<ConfigMap>) -> BTreeMap<String, String> {
     truth
 }
 
+/// Watches of configmaps the proxy has served from its cache.
+async fn configmap_watches_from_the_cache(env: &RealEnv) -> f64 {
+    let (_, metrics) = env.running.admin_get("/metrics").await;
+    metric_sum(
+        &metrics,
+        "kube_cache_proxy_cache_reads_total",
+        &[
+            ("resource", "configmaps"),
+            ("verb", "WATCH"),
+            ("source", "cache"),
+        ],
+    )
+}
+
 fn state(store: &Store<ConfigMap>) -> BTreeMap<String, String> {
     store
         .state()
@@ -200,16 +214,7 @@ async fn kube_rs_watchers_end_identical_through_the_proxy_and_directly() {
         assert_eq!(s, expected, "{side}, streaming lists: {streaming}");
     }
     // The proxy's watchers were served from its cache, not passed through.
-    let (_, metrics) = env.running.admin_get("/metrics").await;
-    let served = metric_sum(
-        &metrics,
-        "kube_cache_proxy_cache_reads_total",
-        &[
-            ("resource", "configmaps"),
-            ("verb", "WATCH"),
-            ("source", "cache"),
-        ],
-    );
+    let served = configmap_watches_from_the_cache(&env).await;
     assert!(served >= 2.0, "{served} watches served from the cache");
     for (_, _, _, _, task) in watchers {
         task.abort();
@@ -386,15 +391,6 @@ async fn python_watch_stream_ends_identical_through_the_proxy_and_directly() {
     println!(
         "Python kubernetes client (Watch().stream): the same 5 events and final state through the proxy and directly"
     );
-    let (_, metrics) = env.running.admin_get("/metrics").await;
-    let served = metric_sum(
-        &metrics,
-        "kube_cache_proxy_cache_reads_total",
-        &[
-            ("resource", "configmaps"),
-            ("verb", "WATCH"),
-            ("source", "cache"),
-        ],
-    );
+    let served = configmap_watches_from_the_cache(&env).await;
     assert!(served >= 1.0, "{served} watches served from the cache");
 }
