@@ -36,6 +36,9 @@ pub const MAX_BUFFERED: usize = 256 * 1024;
 /// allocated by the first write).
 const KEEP_CAPACITY: usize = 4 * 1024;
 
+/// The least a buffer grows by (see [`Coalesced::make_room`]).
+const GROW: usize = 64 * 1024;
+
 /// Counts the polls of a connection's task, so that [`Coalesced`] knows
 /// when the task has yielded since it deferred a flush.
 #[derive(Debug, Clone, Default)]
@@ -90,6 +93,15 @@ impl<T: AsyncWrite + Unpin> Coalesced<T> {
         Poll::Ready(Ok(()))
     }
 
+    /// Grows the buffer for `len` more bytes, by at least [`GROW`]: a
+    /// burst (one event to a hundred streams: ~250 KB) then takes a
+    /// couple of allocations instead of a doubling copy per power of two.
+    fn make_room(&mut self, len: usize) {
+        if self.buf.capacity() - self.buf.len() < len {
+            self.buf.reserve(len.max(GROW));
+        }
+    }
+
     /// Makes room for `len` more bytes: writes what is held back if they
     /// would not fit.
     fn poll_room(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<()>> {
@@ -121,6 +133,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
         if data.len() > MAX_BUFFERED {
             return Pin::new(&mut this.inner).poll_write(cx, data);
         }
+        this.make_room(data.len());
         this.buf.extend_from_slice(data);
         Poll::Ready(Ok(data.len()))
     }
@@ -136,7 +149,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
         if len > MAX_BUFFERED {
             return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         }
-        this.buf.reserve(len);
+        this.make_room(len);
         for b in bufs {
             this.buf.extend_from_slice(b);
         }

@@ -6,7 +6,7 @@ use crate::selector::{FieldSelector, LabelSelector};
 use super::object::CachedObject;
 
 /// A request's selection.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Filter {
     /// The namespace of a namespaced request path.
     pub namespace: Option<String>,

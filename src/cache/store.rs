@@ -135,6 +135,55 @@ struct Watchers {
     by_namespace: HashMap<Box<str>, HashSet<u64>>,
     unindexed: HashSet<u64>,
     lagging: usize,
+    /// Each distinct filter once, with the number of watchers using it:
+    /// watchers with equal selectors share one `Arc`, so that an event is
+    /// matched once per distinct filter, not once per watcher.
+    filters: HashMap<Arc<Filter>, usize>,
+}
+
+impl Watchers {
+    fn intern(&mut self, filter: Arc<Filter>) -> Arc<Filter> {
+        if let Some((shared, _)) = self.filters.get_key_value(&filter) {
+            let shared = shared.clone();
+            *self.filters.entry(shared.clone()).or_default() += 1;
+            return shared;
+        }
+        self.filters.insert(filter.clone(), 1);
+        filter
+    }
+
+    fn release(&mut self, filter: &Arc<Filter>) {
+        if let Some(n) = self.filters.get_mut(filter) {
+            *n -= 1;
+            if *n == 0 {
+                self.filters.remove(filter);
+            }
+        }
+    }
+}
+
+/// The decisions already taken for one event, per interned filter (by
+/// pointer). Watchers sharing a selector (a DaemonSet's agents, a tier's
+/// nodes watching services) cost one match per event between them.
+#[derive(Default)]
+struct Decisions(Vec<(*const Filter, Option<Which>)>);
+
+impl Decisions {
+    /// Distinct filters remembered per event; past this, filters are
+    /// matched per watcher (per-node selectors rarely repeat).
+    const MAX: usize = 8;
+
+    fn which(&mut self, event: &Event, filter: &Arc<Filter>) -> Option<Which> {
+        let ptr = Arc::as_ptr(filter);
+        if let Some((_, w)) = self.0.iter().find(|(p, _)| *p == ptr) {
+            return *w;
+        }
+        let w = event.which_for(filter);
+        if self.0.len() < Self::MAX {
+            self.0.push((ptr, w));
+        }
+        w
+    }
 }
 
 /// Where a new watcher starts.
@@ -401,6 +450,7 @@ impl State {
         }
         let mut to_close: Vec<(u64, CloseReason)> = Vec::new();
         let mut to_remove: Vec<u64> = Vec::new();
+        let mut decisions = Decisions::default();
         for id in candidates {
             let Some(entry) = self.watchers.entries.get(&id) else {
                 continue;
@@ -408,7 +458,7 @@ impl State {
             if event.rv <= entry.min_rv {
                 continue;
             }
-            let Some(which) = event.which_for(&entry.filter) else {
+            let Some(which) = decisions.which(event, &entry.filter) else {
                 continue;
             };
             let mut lag = entry.link.lag.lock();
@@ -666,6 +716,7 @@ impl State {
         let link = Arc::new(WatcherLink::default());
         let index = filter.index_key(self.settings.node_indexed, self.settings.namespaced);
         let w = &mut self.watchers;
+        let filter = w.intern(filter);
         w.next_id += 1;
         let id = w.next_id;
         match &index {
@@ -703,6 +754,7 @@ impl State {
         if entry.link.lag.lock().take().is_some() {
             w.lagging = w.lagging.saturating_sub(1);
         }
+        w.release(&entry.filter);
         let remove = |map: &mut HashMap<Box<str>, HashSet<u64>>, k: &str| {
             if let Some(set) = map.get_mut(k) {
                 set.remove(&id);
@@ -868,6 +920,37 @@ mod tests {
         s.apply(EventType::Deleted, pod("b", 12, "n2", "x"), now);
         assert_eq!(types(&mut r2.rx), vec!["DELETED b 12"]);
         assert_eq!(s.objects().len(), 1);
+    }
+
+    #[test]
+    fn watchers_with_equal_selectors_share_one_filter_and_each_get_the_event() {
+        let mut s = synced(100, 10);
+        let app = |v: &str| {
+            Arc::new(Filter {
+                labels: LabelSelector::parse(&format!("app={v}")).unwrap(),
+                ..Filter::default()
+            })
+        };
+        let mut xs: Vec<Registration> = (0..3)
+            .map(|_| s.register(app("x"), Start::After(10)).unwrap())
+            .collect();
+        let mut y = s.register(app("y"), Start::After(10)).unwrap();
+        assert_eq!(s.watchers.filters.len(), 2);
+        assert_eq!(s.watchers.filters.get(&app("x")), Some(&3));
+        // `a` leaves `app=x` for `app=y`: the three `x` watchers see it go,
+        // the `y` watcher sees it come.
+        let o = s.apply(EventType::Modified, pod("a", 11, "n1", "y"), Instant::now());
+        assert_eq!(o.dispatched, 4);
+        for r in &mut xs {
+            assert_eq!(types(&mut r.rx), vec!["DELETED a 11"]);
+        }
+        assert_eq!(types(&mut y.rx), vec!["ADDED a 11"]);
+        for r in &xs {
+            s.unregister(r.id);
+        }
+        assert_eq!(s.watchers.filters.len(), 1);
+        s.unregister(y.id);
+        assert!(s.watchers.filters.is_empty());
     }
 
     #[test]

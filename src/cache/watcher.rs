@@ -453,17 +453,20 @@ impl Watch {
                     CatchUpStep::Frames(None) => continue,
                 }
             }
+            // The deadline is checked here as well as polled below: with
+            // the buffer polled first, a watcher that always has an event
+            // waiting would otherwise never see its timer.
+            if self.deadline_timer.is_elapsed() {
+                self.done = true;
+                return None;
+            }
             let bookmark_armed = self.next_bookmark.is_some();
+            // The buffer first: an event ready is written without polling
+            // the shutdown signal and the timers, whose wakers are still
+            // registered from the last time the buffer was empty (one poll
+            // of each per idle period instead of per event).
             tokio::select! {
                 biased;
-                _ = self.shutdown.as_mut() => {
-                    self.done = true;
-                    return None;
-                }
-                _ = self.deadline_timer.as_mut() => {
-                    self.done = true;
-                    return None;
-                }
                 d = self.rx.recv() => match d {
                     Some(d) => {
                         if let Some(chunk) = self.gather(Some(d)) {
@@ -475,6 +478,14 @@ impl Watch {
                         return None;
                     }
                 },
+                _ = self.shutdown.as_mut() => {
+                    self.done = true;
+                    return None;
+                }
+                _ = self.deadline_timer.as_mut() => {
+                    self.done = true;
+                    return None;
+                }
                 _ = self.bookmark_timer.as_mut(), if bookmark_armed => {
                     self.set_next_bookmark(Instant::now());
                     let rv = self.cache.rv();
