@@ -16,7 +16,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +25,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube_runtime::reflector::{self, Store};
 use kube_runtime::watcher::{self, Event};
 use serde_json::json;
+use support::kubectl::{Kubectl, kubectl_available};
+use support::python::{python, python_client};
 use support::real::{RealEnv, eventually, metric_sum};
 
 /// What a watcher saw after its initial state: `(change, name, rv)`.
@@ -221,116 +222,6 @@ async fn kube_rs_watchers_end_identical_through_the_proxy_and_directly() {
     }
 }
 
-/// A virtualenv with `tests/python/requirements.txt` installed, made once
-/// under the test binary's target directory; `None` (the test skips, and
-/// says why) where python3, its venv module or PyPI is unavailable.
-fn python() -> Option<PathBuf> {
-    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/requirements.txt");
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-clients");
-    let python = venv.join("bin/python");
-    let stamp = venv.join("requirements.txt");
-    if python.exists() && std::fs::read(&stamp).ok() == std::fs::read(&requirements).ok() {
-        return Some(python);
-    }
-    let _ = std::fs::remove_dir_all(&venv);
-    let run = |program: &Path, args: &[&std::ffi::OsStr]| {
-        std::process::Command::new(program)
-            .args(args)
-            .env("PIP_ROOT_USER_ACTION", "ignore")
-            .output()
-            .map(|o| {
-                (
-                    o.status.success(),
-                    String::from_utf8_lossy(&o.stderr).into_owned(),
-                )
-            })
-    };
-    match run(
-        Path::new("python3"),
-        &["-m".as_ref(), "venv".as_ref(), venv.as_os_str()],
-    ) {
-        Ok((true, _)) => {}
-        other => {
-            eprintln!("skipping the Python client: no python3 venv: {other:?}");
-            return None;
-        }
-    }
-    match run(
-        &python,
-        &[
-            "-m".as_ref(),
-            "pip".as_ref(),
-            "install".as_ref(),
-            "--disable-pip-version-check".as_ref(),
-            "--quiet".as_ref(),
-            "-r".as_ref(),
-            requirements.as_os_str(),
-        ],
-    ) {
-        Ok((true, _)) => {}
-        other => {
-            eprintln!("skipping the Python client: pip install failed: {other:?}");
-            return None;
-        }
-    }
-    std::fs::copy(&requirements, &stamp).unwrap();
-    Some(python)
-}
-
-/// What the Python client saw: its events and its final state.
-struct PythonRun {
-    events: Vec<(String, String, String)>,
-    last: BTreeMap<String, String>,
-}
-
-/// Starts `tests/python/watch_configmaps.py` on `kubeconfig`, waits until it
-/// has listed; the returned task ends with what it saw after `count` events.
-async fn python_client(
-    python: &Path,
-    kubeconfig: &Path,
-    ns: &str,
-    count: usize,
-) -> tokio::task::JoinHandle<PythonRun> {
-    use tokio::io::AsyncBufReadExt;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/watch_configmaps.py");
-    let mut child = tokio::process::Command::new(python)
-        .arg(script)
-        .arg(kubeconfig)
-        .arg(ns)
-        .arg(count.to_string())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("the Python client lists within 60 s")
-        .unwrap()
-        .expect("the Python client lists");
-    let ready: serde_json::Value = serde_json::from_str(&first).unwrap();
-    assert!(ready["ready"].is_string(), "{first}");
-    tokio::spawn(async move {
-        let _child = child;
-        let mut run = PythonRun {
-            events: Vec::new(),
-            last: BTreeMap::new(),
-        };
-        while let Ok(Ok(Some(line))) =
-            tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await
-        {
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-            if let Some(last) = v.get("final") {
-                run.last = serde_json::from_value(last.clone()).unwrap();
-                break;
-            }
-            let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
-            run.events.push((field("type"), field("name"), field("rv")));
-        }
-        run
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_watch_stream_ends_identical_through_the_proxy_and_directly() {
     let Some(env) = RealEnv::start_with(support::cache_configmaps).await else {
@@ -393,4 +284,272 @@ async fn python_watch_stream_ends_identical_through_the_proxy_and_directly() {
     );
     let served = configmap_watches_from_the_cache(&env).await;
     assert!(served >= 1.0, "{served} watches served from the cache");
+}
+
+/// A running kubectl whose stdout and stderr are collected as they come.
+struct Running {
+    _child: tokio::process::Child,
+    out: Arc<Mutex<String>>,
+    err: Arc<Mutex<String>>,
+}
+
+fn spawn_kubectl(kubectl: &Kubectl, args: &[&str]) -> Running {
+    use tokio::io::AsyncReadExt;
+    let mut child = kubectl
+        .command(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let collect = |mut r: Box<dyn tokio::io::AsyncRead + Unpin + Send>| {
+        let text: Arc<Mutex<String>> = Arc::default();
+        let into = text.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = r.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                into.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        text
+    };
+    let out = collect(Box::new(child.stdout.take().unwrap()));
+    let err = collect(Box::new(child.stderr.take().unwrap()));
+    Running {
+        _child: child,
+        out,
+        err,
+    }
+}
+
+/// `kubectl get -w --output-watch-events` rows: `(EVENT, NAME, DATA)`,
+/// without the header and the AGE column (which depends on when).
+fn table_rows(out: &str) -> Vec<(String, String, String)> {
+    out.lines()
+        .filter(|l| !l.starts_with("EVENT"))
+        .filter_map(|l| {
+            let mut cols = l.split_whitespace();
+            Some((
+                cols.next()?.to_string(),
+                cols.next()?.to_string(),
+                cols.next()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The objects `kubectl get --watch-only -o json` printed (one JSON
+/// document per event): `(name, resourceVersion, data.v)`.
+fn json_objects(out: &str) -> Vec<(String, String, String)> {
+    serde_json::Deserializer::from_str(out)
+        .into_iter::<serde_json::Value>()
+        .map_while(Result::ok)
+        .map(|o| {
+            let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&o["metadata"]["name"]),
+                s(&o["metadata"]["resourceVersion"]),
+                s(&o["data"]["v"]),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_watches_and_chunked_lists_end_identical_through_the_proxy_and_directly() {
+    if !kubectl_available() {
+        eprintln!("kubectl is not installed; skipping");
+        return;
+    }
+    let Some(env) = RealEnv::start_with(support::cache_configmaps).await else {
+        return;
+    };
+    let ns = env.namespace("clients-kubectl").await;
+    let admin = env.cp.admin();
+    let direct_kubeconfig = env.cp.kubeconfig_text(&env.cp.url(), "admin", admin);
+    let proxy_kubeconfig = kube_cache_proxy::kubeconfig::with_certificate(
+        &env.proxy_url,
+        &env.proxy_ca_pem,
+        "admin",
+        &admin.cert_pem,
+        &admin.key_pem,
+    );
+    let api: Api<ConfigMap> = Api::namespaced(client(&direct_kubeconfig).await, &ns);
+    api.create(&PostParams::default(), &cm("a", "1"))
+        .await
+        .unwrap();
+
+    // `get -w` (a table: its watch passes through, as tables do) and
+    // `get --watch-only -o json` (JSON: from the cache), on each side.
+    let sides = [
+        ("proxy", Kubectl::new(&proxy_kubeconfig)),
+        ("direct", Kubectl::new(&direct_kubeconfig)),
+    ];
+    let mut runs = Vec::new();
+    for (side, kubectl) in &sides {
+        let table = spawn_kubectl(
+            kubectl,
+            &[
+                "get",
+                "configmaps",
+                "-n",
+                &ns,
+                "-w",
+                "--output-watch-events",
+                "-v=6",
+            ],
+        );
+        let json = spawn_kubectl(
+            kubectl,
+            &[
+                "get",
+                "configmaps",
+                "-n",
+                &ns,
+                "--watch-only",
+                "-o",
+                "json",
+                "-v=6",
+            ],
+        );
+        // Each has its watch open (kubectl logs the response's status at
+        // -v=6 once the headers arrive) before anything is written.
+        for (what, r) in [("-w", &table), ("--watch-only", &json)] {
+            let err = r.err.clone();
+            eventually(
+                Duration::from_secs(30),
+                &format!("{side} kubectl {what}: its watch open"),
+                || {
+                    let err = err.lock().unwrap().clone();
+                    async move {
+                        err.lines()
+                            .any(|l| l.contains("watch=true") && l.contains("200 OK"))
+                            .then_some(())
+                    }
+                },
+            )
+            .await;
+        }
+        runs.push((*side, table, json));
+    }
+
+    write_sequence(&api).await;
+
+    let mut tables = Vec::new();
+    let mut jsons = Vec::new();
+    for (side, table, json) in &runs {
+        let (t, j) = (table.out.clone(), json.out.clone());
+        let rows = eventually(Duration::from_secs(20), "six -w rows", || {
+            let rows = table_rows(&t.lock().unwrap());
+            async move { (rows.len() >= 6).then_some(rows) }
+        })
+        .await;
+        let objects = eventually(Duration::from_secs(20), "five --watch-only objects", || {
+            let objects = json_objects(&j.lock().unwrap());
+            async move { (objects.len() >= 5).then_some(objects) }
+        })
+        .await;
+        println!("kubectl get -w ({side}): {rows:?}");
+        println!("kubectl get --watch-only -o json ({side}): {objects:?}");
+        tables.push(rows);
+        jsons.push(objects);
+    }
+    let row = |e: &str, n: &str, d: &str| (e.to_string(), n.to_string(), d.to_string());
+    assert_eq!(
+        tables[1],
+        [
+            row("ADDED", "a", "1"),
+            row("ADDED", "b", "1"),
+            row("MODIFIED", "a", "1"),
+            row("ADDED", "c", "1"),
+            row("DELETED", "b", "1"),
+            row("MODIFIED", "c", "1"),
+        ],
+        "direct kubectl get -w"
+    );
+    assert_eq!(tables[0], tables[1], "kubectl get -w: proxy vs direct");
+    assert_eq!(
+        jsons[1].iter().map(|o| o.0.as_str()).collect::<Vec<_>>(),
+        ["b", "a", "c", "b", "c"],
+        "direct kubectl get --watch-only -o json"
+    );
+    assert_eq!(
+        jsons[0], jsons[1],
+        "kubectl get --watch-only: proxy vs direct"
+    );
+    drop(runs);
+
+    // Chunked lists: seven objects in pages of two (`limit=2`, then
+    // `continue`), the same items with the same resourceVersions.
+    for i in 0..5 {
+        api.create(&PostParams::default(), &cm(&format!("page-{i}"), "1"))
+            .await
+            .unwrap();
+    }
+    let (_, metrics) = env.running.admin_get("/metrics").await;
+    let lists = |metrics: &str, source| {
+        metric_sum(
+            metrics,
+            "kube_cache_proxy_cache_reads_total",
+            &[
+                ("resource", "configmaps"),
+                ("verb", "LIST"),
+                ("source", source),
+            ],
+        )
+    };
+    let before = (lists(&metrics, "cache"), lists(&metrics, "upstream"));
+    let mut listed = Vec::new();
+    for (side, kubectl) in &sides {
+        let (ok, out, err) = kubectl
+            .run(&[
+                "get",
+                "configmaps",
+                "-n",
+                &ns,
+                "--chunk-size=2",
+                "-o",
+                "json",
+                "-v=6",
+            ])
+            .await;
+        assert!(ok, "{side}: kubectl --chunk-size failed: {err}");
+        let pages = err
+            .lines()
+            .filter(|l| l.contains("limit=2") && l.contains("200 OK"))
+            .count();
+        assert_eq!(pages, 4, "{side}: pages of 2 for 7 objects\n{err}");
+        let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let items: Vec<(String, String)> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap().to_string(),
+                    o["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect();
+        println!("kubectl get --chunk-size=2 ({side}): {pages} pages, {items:?}");
+        listed.push(items);
+    }
+    assert_eq!(listed[0].len(), 7);
+    assert_eq!(
+        listed[0], listed[1],
+        "kubectl --chunk-size: proxy vs direct"
+    );
+    let (_, metrics) = env.running.admin_get("/metrics").await;
+    println!(
+        "kubectl --chunk-size=2 through the proxy: {} pages from the cache, {} passed through",
+        lists(&metrics, "cache") - before.0,
+        lists(&metrics, "upstream") - before.1
+    );
 }

@@ -5,6 +5,7 @@ pub mod client;
 pub mod differential;
 pub mod env;
 pub mod kubectl;
+pub mod python;
 pub mod raw;
 pub mod real;
 pub mod recording;
