@@ -18,13 +18,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use apimachinery::resource::FieldSet;
+use apimachinery::selector::{FieldSelector, LabelSelector};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kube_cache_proxy::cache::event::EventType;
 use kube_cache_proxy::cache::filter::Filter;
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::store::{Delivery, Settings, Start, State};
-use kube_cache_proxy::resource::FieldSet;
-use kube_cache_proxy::selector::{FieldSelector, LabelSelector};
 use tokio::sync::mpsc;
 
 #[path = "../crates/kcp-load/src/fixtures.rs"]

@@ -18,13 +18,13 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apimachinery::resource::FieldSet;
 use bytes::BytesMut;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kube_cache_proxy::cache::encode::{self, ProtoCodec};
 use kube_cache_proxy::cache::event::{Event, EventType, Which};
 use kube_cache_proxy::cache::negotiate::{Encoding, MetaVersion, Representation};
 use kube_cache_proxy::cache::object::CachedObject;
-use kube_cache_proxy::resource::FieldSet;
 use prometheus::{IntCounter, IntGauge};
 
 #[path = "../crates/kcp-load/src/fixtures.rs"]
@@ -115,7 +115,7 @@ fn sizes() {
         let mut item = BytesMut::new();
         o.write_item(&mut item, true);
         let json_event = encode::frame(Encoding::Json, "MODIFIED", o.json()).len();
-        let pb = o.proto(&codec).expect("the fixture encodes");
+        let pb = codec.form(&o).expect("the fixture encodes");
         let pb_item = apimachinery::protobuf::field_len(2, pb.raw().len());
         let pb_event = encode::frame(Encoding::Protobuf, "MODIFIED", pb.envelope()).len();
         let meta_json = encode::object_bytes(&o, Some(&codec), META_JSON)
@@ -160,7 +160,7 @@ fn encode(c: &mut Criterion) {
         let o = Arc::new(
             CachedObject::from_json(case.json.as_bytes(), case.field_set, case.namespaced).unwrap(),
         );
-        o.proto(&codec).unwrap();
+        codec.form(&o).unwrap();
         for (label, repr) in [
             ("json", Representation::JSON),
             ("protobuf", Representation::PROTOBUF),

@@ -7,9 +7,9 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+use apimachinery::resource::FieldSet;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kube_cache_proxy::cache::object::CachedObject;
-use kube_cache_proxy::resource::FieldSet;
 
 #[path = "../crates/kcp-load/src/fixtures.rs"]
 mod fixtures;

@@ -10,6 +10,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apimachinery::resource::{FieldSet, Gvr};
+use apimachinery::selector::{FieldSelector, LabelSelector};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use http_body_util::BodyExt;
 use kube_cache_proxy::cache::filter::Filter;
@@ -18,8 +20,6 @@ use kube_cache_proxy::cache::negotiate::Representation;
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::resource::ResourceInfo;
 use kube_cache_proxy::cache::store::Objects;
-use kube_cache_proxy::resource::{FieldSet, Gvr};
-use kube_cache_proxy::selector::{FieldSelector, LabelSelector};
 
 #[path = "../crates/kcp-load/src/fixtures.rs"]
 mod fixtures;
@@ -77,7 +77,7 @@ fn body_len(
 /// Reads the body frame by frame, dropping each as a server does once it
 /// is written (collecting it whole would add a 50 MB copy and its page
 /// faults to every iteration).
-async fn drain(resp: http::Response<kube_cache_proxy::body::Body>) -> usize {
+async fn drain(resp: http::Response<apimachinery::body::Body>) -> usize {
     let mut body = resp.into_body();
     let mut len = 0;
     while let Some(frame) = body.frame().await {

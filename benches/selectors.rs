@@ -8,11 +8,11 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+use apimachinery::resource::FieldSet;
+use apimachinery::selector::{FieldSelector, LabelSelector};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kube_cache_proxy::cache::filter::Filter;
 use kube_cache_proxy::cache::object::CachedObject;
-use kube_cache_proxy::resource::FieldSet;
-use kube_cache_proxy::selector::{FieldSelector, LabelSelector};
 
 #[path = "../crates/kcp-load/src/fixtures.rs"]
 mod fixtures;

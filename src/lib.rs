@@ -5,35 +5,16 @@
 //! through untouched. See `README.md` for the design.
 #![forbid(unsafe_code)]
 
-pub mod admin;
+// The proxy's two sides, and what runs the process (docs/architecture.md):
+// clients come in through `server`, are authenticated and authorized by
+// `auth`, are answered from `cache` or passed to `upstream`, the
+// apiserver's side; `component` makes it a Kubernetes component
+// (configuration, CLI, logging, metrics, admin endpoints, readiness).
 pub mod auth;
 pub mod cache;
-pub mod cli;
-pub mod coalesce;
-pub mod config;
-pub mod conns;
-pub mod csr;
-// Only with the `demo` feature, which brings in the simulated apiserver;
-// the production image is built without it.
-#[cfg(feature = "demo")]
-pub mod demo;
-pub mod handler;
-pub mod identity;
-pub mod logging;
-pub mod metrics;
-pub mod metrics_listener;
-pub mod proxy;
-pub mod ready;
-pub mod serve;
-pub mod takeover;
-pub mod tls;
+pub mod component;
+pub mod server;
 pub mod upstream;
-pub mod websocket;
-
-// The API machinery the proxy shares with the simulated apiserver lives in
-// the `apimachinery` crate (so the simulator need not depend on the proxy);
-// re-exported under the paths the proxy has always used.
-pub use apimachinery::{body, go, kubeconfig, pki, request, resource, selector, status, url};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -44,15 +25,15 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Admin;
-use crate::config::Config;
-use crate::handler::Handler;
-use crate::identity::Identity;
-use crate::metrics::Metrics;
-use crate::ready::Readiness;
-use crate::serve::ServeOptions;
-use crate::tls::ServerTls;
+use crate::component::admin::Admin;
+use crate::component::config::Config;
+use crate::component::metrics::Metrics;
+use crate::component::ready::Readiness;
+use crate::server::handler::Handler;
+use crate::server::serve::ServeOptions;
+use crate::server::tls::ServerTls;
 use crate::upstream::Upstream;
+use crate::upstream::identity::Identity;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -66,10 +47,10 @@ pub enum RunError {
     },
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
-    Config(#[from] config::ConfigError),
+    Config(#[from] component::config::ConfigError),
     /// The serving certificate or client CA could not be loaded.
     #[error("TLS: {0}")]
-    Tls(#[from] tls::TlsError),
+    Tls(#[from] server::tls::TlsError),
     /// The upstream configuration could not be loaded.
     #[error("upstream: {0}")]
     Upstream(#[from] upstream::UpstreamError),
@@ -93,7 +74,7 @@ pub struct Listeners {
     pub metrics: Option<TcpListener>,
     /// The proxy these listeners were received from: it drains once this
     /// one is ready.
-    pub predecessor: Option<takeover::Predecessor>,
+    pub predecessor: Option<server::takeover::Predecessor>,
 }
 
 /// How long a second proxy retries binding an address in use by one that
@@ -162,7 +143,7 @@ impl Listeners {
     pub async fn acquire(config: &Config) -> Result<Listeners, RunError> {
         let names = Listeners::names(config);
         if let Some(path) = &config.takeover.socket_path
-            && let Some(mut received) = takeover::Predecessor::connect(path)
+            && let Some(mut received) = server::takeover::Predecessor::connect(path)
                 .await
                 .map_err(RunError::Takeover)?
         {
@@ -278,7 +259,7 @@ const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 /// cannot be set up. Once serving, it returns after shutdown, or with
 /// [`RunError::Config`] for `upstream.identity` when the apiserver refuses
 /// to let a node-bound token act as its node
-/// ([`identity::confirm_node_access`]).
+/// ([`upstream::identity::confirm_node_access`]).
 pub async fn run(
     listeners: Listeners,
     config: Config,
@@ -290,7 +271,7 @@ pub async fn run(
     let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let readiness = Readiness::default();
     // With tls.csr, the certificate is the one the proxy obtains itself.
-    let csr = csr::CsrManager::new(&config)?;
+    let csr = upstream::csr::CsrManager::new(&config)?;
     let tls = match &csr {
         Some(csr) => csr.server_tls(&config.tls)?,
         None => ServerTls::load(&config.tls)?,
@@ -345,7 +326,7 @@ pub async fn run(
     let mut refused = futures_util::FutureExt::fuse(refused);
     if let Identity::Node {
         name,
-        credential: identity::NodeCredential::AssociatedServiceAccount,
+        credential: upstream::identity::NodeCredential::AssociatedServiceAccount,
     } = &identity
     {
         const CHECK: &str = "upstream-identity";
@@ -361,7 +342,7 @@ pub async fn run(
             identity_refused.take(),
         );
         tokio::spawn(async move {
-            match identity::confirm_node_access(&upstream, &name, &token).await {
+            match upstream::identity::confirm_node_access(&upstream, &name, &token).await {
                 Ok(()) => readiness.set(CHECK, Ok(())),
                 Err(message) => {
                     readiness.set(CHECK, Err(message.clone()));
@@ -386,7 +367,7 @@ pub async fn run(
             identity_refused.take(),
         );
         tokio::spawn(async move {
-            match identity::tier_node_impersonation(&upstream, &token).await {
+            match upstream::identity::tier_node_impersonation(&upstream, &token).await {
                 Ok(found) => {
                     tracing::info!(impersonation = ?found, "the tier acts upstream as its nodes by impersonation");
                     let _ = mode.set(found);
@@ -417,7 +398,7 @@ pub async fn run(
     let mut cache_config = config.cache.clone();
     identity
         .scope_caches(&mut cache_config)
-        .map_err(|message| config::ConfigError::Invalid {
+        .map_err(|message| component::config::ConfigError::Invalid {
             field: "cache.resources".into(),
             message,
         })?;
@@ -446,7 +427,7 @@ pub async fn run(
     // Copies of the listening sockets, for a successor.
     let offer = match &config.takeover.socket_path {
         Some(_) => {
-            let mut offer = takeover::Offer::default();
+            let mut offer = server::takeover::Offer::default();
             offer.add("api", &api).map_err(RunError::Takeover)?;
             offer
                 .add("admin", &admin_listener)
@@ -460,7 +441,7 @@ pub async fn run(
     };
     let metrics_server = match metrics_listener {
         Some(listener) => {
-            let metrics_listener = metrics_listener::MetricsListener {
+            let metrics_listener = component::metrics_listener::MetricsListener {
                 // Beyond the node: metrics and health only.
                 admin: Admin {
                     metrics: metrics.clone(),
@@ -512,7 +493,7 @@ pub async fn run(
             }
             Ok(message) = &mut refused => {
                 token.cancel();
-                return Err(RunError::Config(config::ConfigError::Invalid {
+                return Err(RunError::Config(component::config::ConfigError::Invalid {
                     field: "upstream.identity".into(),
                     message,
                 }));
@@ -554,7 +535,7 @@ pub async fn run(
     }
     let handed_over = Arc::new(AtomicBool::new(false));
     let options = ServeOptions {
-        limits: conns::Limits {
+        limits: server::conns::Limits {
             max_connections: config.max_connections,
             max_connections_per_client: config.max_connections_per_client,
             max_requests_in_flight_per_client: config.max_requests_in_flight_per_client,
@@ -565,7 +546,7 @@ pub async fn run(
     if let Ok(addr) = api.local_addr() {
         tracing::info!(%addr, "serving");
     }
-    let serving = tokio::spawn(serve::serve(
+    let serving = tokio::spawn(server::serve::serve(
         api,
         tls.clone(),
         handler,
@@ -580,7 +561,7 @@ pub async fn run(
         in_progress: AtomicBool::new(false),
     };
     let server = match (&config.takeover.socket_path, offer) {
-        (Some(path), Some(offer)) => match takeover::Server::bind(path) {
+        (Some(path), Some(offer)) => match server::takeover::Server::bind(path) {
             Ok(server) => Some((server, offer)),
             Err(error) => {
                 tracing::warn!(socket = %path.display(), %error, "cannot listen for a successor; takeover is off");
@@ -646,7 +627,7 @@ pub async fn run(
     }
     tracing::info!("stopped");
     match failure {
-        Some(message) => Err(RunError::Config(config::ConfigError::Invalid {
+        Some(message) => Err(RunError::Config(component::config::ConfigError::Invalid {
             field: "upstream.identity".into(),
             message,
         })),
@@ -672,7 +653,7 @@ struct RunHandover {
     in_progress: AtomicBool,
 }
 
-impl takeover::Handover for RunHandover {
+impl server::takeover::Handover for RunHandover {
     async fn prepare(&self) {
         self.in_progress.store(true, Ordering::SeqCst);
         if let Some(p) = &self.persister {
@@ -691,7 +672,7 @@ impl takeover::Handover for RunHandover {
 /// The snapshot directory, if configured and usable (a directory that
 /// cannot be created is logged and the proxy runs without snapshots).
 fn snapshots(
-    config: &config::PersistenceConfig,
+    config: &component::config::PersistenceConfig,
     kube_config: &kube::Config,
 ) -> Option<Arc<cache::persist::Snapshots>> {
     let dir = config.directory.as_ref()?;

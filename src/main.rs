@@ -1,15 +1,20 @@
 //! The `kube-cache-proxy` binary: parse flags, load and check the
 //! configuration (exit 64 on a bad one, before any socket is bound), run
 //! until SIGTERM or SIGINT. `--help` lists every exit status
-//! ([`kube_cache_proxy::cli::EXIT_STATUSES`]).
+//! ([`kube_cache_proxy::component::cli::EXIT_STATUSES`]).
+
+// `kube-cache-proxy demo`: only with the `demo` feature, which brings in
+// the simulated apiserver; the production image is built without it.
+#[cfg(feature = "demo")]
+mod demo;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use kube_cache_proxy::cli::{Cli, Command, ServeArgs};
-use kube_cache_proxy::config::Config;
-use kube_cache_proxy::identity::Identity;
-use kube_cache_proxy::tls::ServerTls;
+use kube_cache_proxy::component::cli::{Cli, Command, ServeArgs};
+use kube_cache_proxy::component::config::Config;
+use kube_cache_proxy::server::tls::ServerTls;
+use kube_cache_proxy::upstream::identity::Identity;
 use kube_cache_proxy::upstream::{self, Upstream, UpstreamError};
 use kube_cache_proxy::{Listeners, RunError};
 
@@ -45,7 +50,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    kube_cache_proxy::logging::init(cli.logging_format, cli.v);
+    kube_cache_proxy::component::logging::init(cli.logging_format, cli.v);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -59,7 +64,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         #[cfg(feature = "demo")]
         Some(Command::Demo(args)) => runtime
-            .block_on(kube_cache_proxy::demo::run(args, shutdown_signal()))
+            .block_on(demo::run(args, shutdown_signal()))
             .map_err(anyhow::Error::from),
         Some(Command::Serve(args)) => runtime.block_on(serve(args)),
         Some(Command::PrepareStateDir(args)) => prepare_state_dir(&args),
@@ -187,7 +192,9 @@ async fn shutdown_signal() {
 }
 
 /// `prepare-state-dir`: the directory, owned by the proxy's user, 0700.
-fn prepare_state_dir(args: &kube_cache_proxy::cli::PrepareStateDirArgs) -> anyhow::Result<()> {
+fn prepare_state_dir(
+    args: &kube_cache_proxy::component::cli::PrepareStateDirArgs,
+) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(&args.dir)?;
     std::os::unix::fs::chown(&args.dir, Some(args.uid), Some(args.gid))?;
@@ -197,7 +204,7 @@ fn prepare_state_dir(args: &kube_cache_proxy::cli::PrepareStateDirArgs) -> anyho
 }
 
 /// `probe`: a GET of a plain-HTTP URL; an error unless it answers 200.
-async fn probe(args: &kube_cache_proxy::cli::ProbeArgs) -> anyhow::Result<()> {
+async fn probe(args: &kube_cache_proxy::component::cli::ProbeArgs) -> anyhow::Result<()> {
     let (status, body) = plain_get(&args.url, args.timeout_seconds).await?;
     if status == http::StatusCode::OK {
         Ok(())
@@ -207,9 +214,9 @@ async fn probe(args: &kube_cache_proxy::cli::ProbeArgs) -> anyhow::Result<()> {
 }
 
 /// `status`: the admin port's `/debug/caches`, as a table or as it is.
-async fn status(args: &kube_cache_proxy::cli::StatusArgs) -> anyhow::Result<()> {
+async fn status(args: &kube_cache_proxy::component::cli::StatusArgs) -> anyhow::Result<()> {
     use kube_cache_proxy::cache::status::{Status, table};
-    use kube_cache_proxy::cli::StatusOutput;
+    use kube_cache_proxy::component::cli::StatusOutput;
     let url = format!("http://{}/debug/caches", args.admin_address);
     let (code, body) = plain_get(&url, args.timeout_seconds).await?;
     if code != http::StatusCode::OK {

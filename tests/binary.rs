@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use apimachinery::pki::Ca;
 use kube_apiserver_sim::{Sim, SimConfig};
-use kube_cache_proxy::pki::Ca;
 use support::{Client, Identity};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-cache-proxy");
@@ -251,7 +251,7 @@ async fn exit_statuses_are_what_help_says() {
     );
     let bad_ca = write(
         "bad-ca.kubeconfig",
-        &kube_cache_proxy::kubeconfig::with_token(&sim.url(), "not a certificate", "t"),
+        &apimachinery::kubeconfig::with_token(&sim.url(), "not a certificate", "t"),
     );
     let config = write("config.yaml", "");
     let os = |s: &std::path::Path| s.as_os_str().to_owned();
@@ -350,10 +350,13 @@ async fn default_and_shipped_configurations_validate() {
         .unwrap();
     assert!(out.status.success());
     let printed = String::from_utf8(out.stdout).unwrap();
-    let mut parsed = kube_cache_proxy::config::Config::from_yaml(&printed).unwrap();
+    let mut parsed = kube_cache_proxy::component::config::Config::from_yaml(&printed).unwrap();
     parsed.api_version = None;
     parsed.kind = None;
-    assert_eq!(parsed, kube_cache_proxy::config::Config::default());
+    assert_eq!(
+        parsed,
+        kube_cache_proxy::component::config::Config::default()
+    );
 
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let dir = support::env::tempdir();

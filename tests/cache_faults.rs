@@ -9,8 +9,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use apimachinery::resource::Gvr;
 use kube_apiserver_sim::SimConfig;
-use kube_cache_proxy::resource::Gvr;
 use serde_json::{Value, json};
 use support::{Env, Identity, Next, QUIET, SOON, WatchStream};
 

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use apimachinery::resource::Gvr;
 use kube_apiserver_sim::SimConfig;
-use kube_cache_proxy::resource::Gvr;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use support::{Env, Identity, Next, WatchStream};

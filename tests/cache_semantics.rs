@@ -7,10 +7,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use apimachinery::resource::Gvr;
 use http::Method;
 use kube_apiserver_sim::SimConfig;
-use kube_cache_proxy::config::CachedResource;
-use kube_cache_proxy::resource::Gvr;
+use kube_cache_proxy::component::config::CachedResource;
 use serde_json::{Value, json};
 use support::{Env, Identity, Next, QUIET, SOON, WatchStream};
 
@@ -22,7 +22,7 @@ fn cm(ns: &str, name: &str, app: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "data": {"k": name}})
 }
 
-async fn env_with(customize: impl FnOnce(&mut kube_cache_proxy::config::Config)) -> Env {
+async fn env_with(customize: impl FnOnce(&mut kube_cache_proxy::component::config::Config)) -> Env {
     let env = Env::start_with(SimConfig::default(), |c| {
         support::cache_configmaps(c);
         customize(c);

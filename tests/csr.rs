@@ -11,12 +11,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apimachinery::pki::Ca;
+use apimachinery::resource::Gvr;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use kube_apiserver_sim::{Rule, Sim, SimConfig, Subject};
-use kube_cache_proxy::config::Config;
-use kube_cache_proxy::pki::Ca;
-use kube_cache_proxy::resource::Gvr;
+use kube_cache_proxy::component::config::Config;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateSigningRequestDer, ServerName};
 use serde_json::{Value, json};

@@ -22,8 +22,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use apimachinery::pki::Issued;
 use futures_util::{SinkExt, StreamExt};
-use kube_cache_proxy::pki::Issued;
 use serde_json::{Value, json};
 use support::kubectl::{Kubectl, kubectl_available};
 use support::{Auth, Client, Next};

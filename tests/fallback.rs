@@ -10,9 +10,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use apimachinery::pki::Ca;
 use kube_apiserver_sim::{Sim, SimConfig};
-use kube_cache_proxy::config::{FallbackConfig, IdentityMode};
-use kube_cache_proxy::pki::Ca;
+use kube_cache_proxy::component::config::{FallbackConfig, IdentityMode};
 use serde_json::json;
 use support::env::{Running, proxy_config, tempdir};
 use support::{Client, Identity, Next};
@@ -68,7 +68,7 @@ async fn a_node_proxy_falls_back_to_the_apiserver_and_returns_to_its_tier() {
     let tier_kubeconfig = dir.join("tier.kubeconfig");
     std::fs::write(
         &tier_kubeconfig,
-        kube_cache_proxy::kubeconfig::with_certificate(
+        apimachinery::kubeconfig::with_certificate(
             &format!("https://127.0.0.1:{tier_port}"),
             &tier_ca.cert_pem(),
             &user,

@@ -36,7 +36,7 @@ async fn kubectl_through_the_proxy() {
     .await;
     env.ready().await;
     let admin = env.sim.issue_client("admin", Some("system:masters"));
-    let kubectl = Kubectl::new(&kube_cache_proxy::kubeconfig::with_certificate(
+    let kubectl = Kubectl::new(&apimachinery::kubeconfig::with_certificate(
         &env.proxy_url,
         &env.proxy_ca_pem,
         "admin",

@@ -3,16 +3,16 @@
 //! selectors print back to what they parsed. The same targets run
 //! coverage-guided under cargo-fuzz in `fuzz/`.
 
+use apimachinery::request::RequestInfo;
+use apimachinery::resource::FieldSet;
+use apimachinery::selector::{FieldSelector, LabelSelector};
 use bytes::BytesMut;
 use http::{HeaderMap, HeaderValue, Method};
 use kube_cache_proxy::auth::{bearer_token, impersonation};
 use kube_cache_proxy::cache::negotiate::{Verb, negotiate};
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::{continue_token, query};
-use kube_cache_proxy::config::Config;
-use kube_cache_proxy::request::RequestInfo;
-use kube_cache_proxy::resource::FieldSet;
-use kube_cache_proxy::selector::{FieldSelector, LabelSelector};
+use kube_cache_proxy::component::config::Config;
 use proptest::prelude::*;
 
 /// Strings made of the characters selector and query grammars care about.
@@ -192,7 +192,7 @@ proptest! {
         path in "(/(api|apis|v1|namespaces|ns|pods|watch|%2F|%2f|%25|%2E|%61|%FF|%zz|%2|[a-z0-9.%+-]{0,6}){0,8}/?)",
         q in "(watch=1|fieldSelector=metadata.name%3D[a-z%0-9]{0,4}|labelSelector=[a-z%=;]{0,5}|[a-z=&%;+.-]{0,10})(&[a-z=%;]{0,6}){0,2}",
     ) {
-        let decoded = kube_cache_proxy::url::decode_path(&path);
+        let decoded = apimachinery::url::decode_path(&path);
         if let Some(d) = &decoded {
             let reference: Vec<u8> = percent_encoding::percent_decode_str(&path).collect();
             prop_assert_eq!(&d[..], &reference[..]);

@@ -9,8 +9,8 @@
 
 mod support;
 
+use apimachinery::resource::Gvr;
 use kube_apiserver_sim::SimConfig;
-use kube_cache_proxy::resource::Gvr;
 use serde_json::json;
 use support::raw::Raw;
 use support::{Env, Identity};

@@ -11,8 +11,8 @@ mod support;
 
 use std::time::Duration;
 
+use apimachinery::pki::{Ca, Issued};
 use http::Method;
-use kube_cache_proxy::pki::{Ca, Issued};
 use rcgen::{
     CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, KeyUsagePurpose,
 };

@@ -28,8 +28,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use kube_cache_proxy::config::Config;
-use kube_cache_proxy::pki::Ca;
+use apimachinery::pki::Ca;
+use kube_cache_proxy::component::config::Config;
 use kube_testenv::{ControlPlane, Morph};
 use serde_json::json;
 use support::client::{Auth, Client};
@@ -170,7 +170,7 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
     c.upstream.kubeconfig = Some(write(
         &dir,
         "upstream.kubeconfig",
-        &kube_cache_proxy::kubeconfig::with_certificate(
+        &apimachinery::kubeconfig::with_certificate(
             &cp.url(),
             &cp.ca_pem(),
             &user,
@@ -206,7 +206,7 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
     let kubeconfig = write(
         &dir,
         "kubelet.kubeconfig",
-        &kube_cache_proxy::kubeconfig::with_certificate(
+        &apimachinery::kubeconfig::with_certificate(
             &proxy_url,
             &proxy_ca.cert_pem(),
             &user,

@@ -151,7 +151,7 @@ async fn kube_rs_watchers_end_identical_through_the_proxy_and_directly() {
     let ns = env.namespace("clients-kube-rs").await;
     let admin = env.cp.admin();
     let direct = client(&env.cp.kubeconfig_text(&env.cp.url(), "admin", admin)).await;
-    let proxied = client(&kube_cache_proxy::kubeconfig::with_certificate(
+    let proxied = client(&apimachinery::kubeconfig::with_certificate(
         &env.proxy_url,
         &env.proxy_ca_pem,
         "admin",
@@ -241,7 +241,7 @@ async fn python_watch_stream_ends_identical_through_the_proxy_and_directly() {
     let proxy_kc = env.dir.join("python-proxy.kubeconfig");
     std::fs::write(
         &proxy_kc,
-        kube_cache_proxy::kubeconfig::with_certificate(
+        apimachinery::kubeconfig::with_certificate(
             &env.proxy_url,
             &env.proxy_ca_pem,
             "admin",
@@ -371,7 +371,7 @@ async fn kubectl_watches_and_chunked_lists_end_identical_through_the_proxy_and_d
     let ns = env.namespace("clients-kubectl").await;
     let admin = env.cp.admin();
     let direct_kubeconfig = env.cp.kubeconfig_text(&env.cp.url(), "admin", admin);
-    let proxy_kubeconfig = kube_cache_proxy::kubeconfig::with_certificate(
+    let proxy_kubeconfig = apimachinery::kubeconfig::with_certificate(
         &env.proxy_url,
         &env.proxy_ca_pem,
         "admin",

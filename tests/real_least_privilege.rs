@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use apimachinery::pki::Ca;
 use http::Method;
-use kube_cache_proxy::config::IdentityMode;
-use kube_cache_proxy::pki::Ca;
+use kube_cache_proxy::component::config::IdentityMode;
 use kube_testenv::{ControlPlane, Morph, Options};
 use serde_json::{Value, json};
 use support::Auth;
@@ -299,7 +299,7 @@ async fn without_constrained_impersonation_the_proxy_stops_with_a_clear_error() 
     assert_eq!(r.status, 403, "{}", r.text());
     let mut proxy = Binary::start(
         &cp,
-        &kube_cache_proxy::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
+        &apimachinery::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
         "lp-old-node",
     );
     let exit = tokio::time::timeout(Duration::from_secs(30), proxy.child.wait())
@@ -368,7 +368,7 @@ async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
 
     let mut proxy = Binary::start(
         cp,
-        &kube_cache_proxy::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
+        &apimachinery::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
         NODE,
     );
     let readyz = eventually(Duration::from_secs(60), "the proxy to be ready", || {
@@ -669,7 +669,7 @@ async fn the_shipped_identity_is_the_node_and_nothing_more() {
     let kubeconfig = cp
         .write_file(
             "lp-upstream.kubeconfig",
-            &kube_cache_proxy::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
+            &apimachinery::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
         )
         .unwrap();
     let env = RealEnv::start_with(|c| {
@@ -833,7 +833,7 @@ async fn the_node_certificate_mode_carries_a_hollow_kubelet() {
     let kubelet_kc = proxy.dir.join("kubelet.kubeconfig");
     std::fs::write(
         &kubelet_kc,
-        kube_cache_proxy::kubeconfig::with_certificate(
+        apimachinery::kubeconfig::with_certificate(
             &format!("https://127.0.0.1:{}", proxy.port),
             &proxy.ca_pem,
             &format!("system:node:{NODE}"),

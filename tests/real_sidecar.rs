@@ -31,7 +31,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kube_cache_proxy::pki::Ca;
+use apimachinery::pki::Ca;
 use kube_testenv::ControlPlane;
 use serde_json::{Value, json};
 use support::python::{PythonRun, list_watch_script, python, python_run};

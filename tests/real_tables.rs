@@ -11,8 +11,8 @@
 
 mod support;
 
+use apimachinery::resource::Gvr;
 use kube_apiserver_sim::{Sim, SimConfig};
-use kube_cache_proxy::resource::Gvr;
 use kube_testenv::ControlPlane;
 use serde_json::{Value, json};
 use support::{Auth, Client};

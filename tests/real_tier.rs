@@ -24,8 +24,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kube_cache_proxy::config::{FallbackConfig, IdentityMode};
-use kube_cache_proxy::pki::Ca;
+use apimachinery::pki::Ca;
+use kube_cache_proxy::component::config::{FallbackConfig, IdentityMode};
 use kube_testenv::{ControlPlane, Morph};
 use serde_json::{Value, json};
 use support::env::{Running, tempdir};
@@ -100,7 +100,7 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
     tier_config.upstream.kubeconfig = Some(write(
         &tier_dir,
         "upstream.kubeconfig",
-        &kube_cache_proxy::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &tier_token),
+        &apimachinery::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &tier_token),
     ));
     let mut tier = Running::start(&tier_config).await;
     tier.ready().await;
@@ -133,7 +133,7 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
         c.upstream.kubeconfig = Some(write(
             &dir,
             "tier.kubeconfig",
-            &kube_cache_proxy::kubeconfig::with_certificate(
+            &apimachinery::kubeconfig::with_certificate(
                 &tier_url,
                 &tier_ca.cert_pem(),
                 &user,
@@ -145,7 +145,7 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
             kubeconfig: write(
                 &dir,
                 "apiserver.kubeconfig",
-                &kube_cache_proxy::kubeconfig::with_certificate(
+                &apimachinery::kubeconfig::with_certificate(
                     &cp.url(),
                     &cp.ca_pem(),
                     &user,
@@ -160,7 +160,7 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
         let kubelet_kc = write(
             &dir,
             "kubelet.kubeconfig",
-            &kube_cache_proxy::kubeconfig::with_certificate(
+            &apimachinery::kubeconfig::with_certificate(
                 &running.url,
                 &proxy_ca.cert_pem(),
                 &user,

@@ -24,10 +24,10 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
+use apimachinery::kubeconfig::with_token;
+use apimachinery::pki::Ca;
 use kube_cache_proxy::Listeners;
-use kube_cache_proxy::config::Config;
-use kube_cache_proxy::kubeconfig::with_token;
-use kube_cache_proxy::pki::Ca;
+use kube_cache_proxy::component::config::Config;
 use kube_testenv::ControlPlane;
 use support::env::{Running, tempdir};
 use support::real::{apply, eventually, service_account_token, shipped, write};

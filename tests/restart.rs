@@ -9,7 +9,7 @@ mod support;
 use std::path::PathBuf;
 
 use kube_apiserver_sim::{Sim, SimConfig};
-use kube_cache_proxy::config::Config;
+use kube_cache_proxy::component::config::Config;
 use serde_json::{Value, json};
 use support::env::{Running, tempdir};
 use support::{Client, Env, Identity};

@@ -8,9 +8,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use apimachinery::resource::Gvr;
 use http::{Method, StatusCode};
 use kube_apiserver_sim::{AuthMethod, Rule, Subject, UserInfo};
-use kube_cache_proxy::resource::Gvr;
 use serde_json::{Value, json};
 use support::{Auth, Client, Env, Identity, Next, QUIET, SOON};
 
@@ -174,7 +174,7 @@ async fn bad_credentials_are_unauthorized_everywhere() {
     }
     // A certificate from another CA fails authentication: 401, like the
     // apiserver, on cached and pass-through requests alike.
-    let stranger_ca = kube_cache_proxy::pki::Ca::new("stranger").unwrap();
+    let stranger_ca = apimachinery::pki::Ca::new("stranger").unwrap();
     let stranger = env.proxy(Auth::Cert(
         stranger_ca
             .issue_client("admin", Some("system:masters"))
@@ -454,7 +454,7 @@ async fn tls_below_1_2_is_refused() {
     );
     // And a TLS 1.3-only proxy refuses a TLS 1.2 client.
     let env13 = Env::start_with(Default::default(), |c| {
-        c.tls.min_version = kube_cache_proxy::config::TlsVersion::VersionTLS13
+        c.tls.min_version = kube_cache_proxy::component::config::TlsVersion::VersionTLS13
     })
     .await;
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
@@ -528,7 +528,7 @@ async fn a_rotated_upstream_client_certificate_is_picked_up() {
     write_identity(&sim, "first");
     let kubeconfig = dir.join("upstream.kubeconfig");
     let file = pem.to_str().unwrap();
-    let text = kube_cache_proxy::kubeconfig::with_certificate_files(
+    let text = apimachinery::kubeconfig::with_certificate_files(
         &sim.url(),
         &sim.ca_pem(),
         &proxy_user,

@@ -8,9 +8,9 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use apimachinery::resource::Gvr;
 use http::Method;
 use kube_apiserver_sim::{AuthMethod, ResourceSpec, Rule, Sim, SimConfig, Subject, UserInfo};
-use kube_cache_proxy::resource::Gvr;
 use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
 use support::{Client, Identity, Next, QUIET, SOON};

@@ -9,8 +9,8 @@ mod support;
 use std::time::Duration;
 use support::kubectl::{Kubectl, kubectl_available};
 
+use apimachinery::resource::Gvr;
 use kube_apiserver_sim::{Sim, SimConfig};
-use kube_cache_proxy::resource::Gvr;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 

@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use apimachinery::pki::Ca;
+use apimachinery::resource::Gvr;
 use kube_apiserver_sim::{Sim, SimConfig};
-use kube_cache_proxy::pki::Ca;
-use kube_cache_proxy::resource::Gvr;
 use parking_lot::Mutex;
 use serde_json::json;
 use support::{Client, Identity, Next};

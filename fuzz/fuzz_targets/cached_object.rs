@@ -5,7 +5,7 @@
 
 use bytes::BytesMut;
 use kube_cache_proxy::cache::object::CachedObject;
-use kube_cache_proxy::resource::FieldSet;
+use apimachinery::resource::FieldSet;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

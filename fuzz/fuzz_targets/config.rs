@@ -1,7 +1,7 @@
 //! Configuration files: never panic.
 #![no_main]
 
-use kube_cache_proxy::config::Config;
+use kube_cache_proxy::component::config::Config;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

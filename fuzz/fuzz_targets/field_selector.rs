@@ -6,8 +6,8 @@
 //! `=` may reorder terms: the terms are compared as a multiset.
 #![no_main]
 
-use kube_cache_proxy::resource::FieldSet;
-use kube_cache_proxy::selector::FieldSelector;
+use apimachinery::resource::FieldSet;
+use apimachinery::selector::FieldSelector;
 use libfuzzer_sys::fuzz_target;
 
 fn sorted(sel: &FieldSelector) -> Vec<(&str, bool, &str)> {

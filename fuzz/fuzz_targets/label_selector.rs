@@ -2,7 +2,7 @@
 //! that parses to the same requirements.
 #![no_main]
 
-use kube_cache_proxy::selector::LabelSelector;
+use apimachinery::selector::LabelSelector;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 #![no_main]
 
 use http::Method;
-use kube_cache_proxy::request::RequestInfo;
+use apimachinery::request::RequestInfo;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

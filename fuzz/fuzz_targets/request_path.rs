@@ -15,8 +15,8 @@
 #![no_main]
 
 use http::Method;
-use kube_cache_proxy::request::RequestInfo;
-use kube_cache_proxy::url::{decode_path, query_pairs};
+use apimachinery::request::RequestInfo;
+use apimachinery::url::{decode_path, query_pairs};
 use libfuzzer_sys::fuzz_target;
 
 /// (path as sent, verb, namespace, resource, name, subresource, routable),

@@ -25,10 +25,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::request::RequestInfo;
-use crate::selector::{FieldSelector, LabelSelector, Operator};
-use crate::status::{Details, Status};
 use crate::upstream::Upstream;
+use apimachinery::request::RequestInfo;
+use apimachinery::selector::{FieldSelector, LabelSelector, Operator};
+use apimachinery::status::{Details, Status};
 
 use super::UserInfo;
 use super::metrics::AuthMetrics;
@@ -92,7 +92,7 @@ impl std::fmt::Debug for AccessReviewer {
 
 impl Attributes {
     /// Whether [`forbidden`]'s message is exactly the apiserver's: it
-    /// quotes these attributes as Go's `%q`, which [`crate::go::quote`]
+    /// quotes these attributes as Go's `%q`, which [`apimachinery::go::quote`]
     /// reproduces exactly for ASCII.
     pub fn quotes_exactly(&self) -> bool {
         [
@@ -132,7 +132,7 @@ impl Attributes {
         if with_selectors {
             let mut field = None;
             let mut label = None;
-            for (k, v) in crate::url::query_pairs(query.unwrap_or("")) {
+            for (k, v) in apimachinery::url::query_pairs(query.unwrap_or("")) {
                 match k.as_str() {
                     "fieldSelector" if field.is_none() => field = Some(v),
                     "labelSelector" if label.is_none() => label = Some(v),
@@ -233,7 +233,7 @@ fn label_requirements(s: &LabelSelector) -> Option<LabelSelectorAttributes> {
 /// User "u" cannot list resource "pods" in API group "" at the cluster
 /// scope`, then `: reason` when the authorizer gave one.
 pub fn forbidden(attrs: &Attributes, reason: &str) -> Status {
-    use crate::go::quote;
+    use apimachinery::go::quote;
     let user = quote(&attrs.user.name);
     let msg = if !attrs.resource_request {
         format!(
@@ -271,7 +271,7 @@ pub fn forbidden(attrs: &Attributes, reason: &str) -> Status {
     let (message, details) = if !attrs.resource_request || attrs.resource.is_empty() {
         (format!("forbidden: {msg}"), Details::default())
     } else {
-        let qualified = crate::status::qualified_resource(&attrs.api_group, &attrs.resource);
+        let qualified = apimachinery::status::qualified_resource(&attrs.api_group, &attrs.resource);
         let message = if attrs.name.is_empty() {
             format!("{qualified} is forbidden: {msg}")
         } else {

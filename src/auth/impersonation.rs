@@ -9,7 +9,7 @@ pub use apimachinery::impersonation::{
 
 use apimachinery::impersonation::{Checker, Refusal};
 
-use crate::status::Status;
+use apimachinery::status::Status;
 
 use super::UserInfo;
 use super::access::{AccessReviewer, Attributes, Decision, forbidden};

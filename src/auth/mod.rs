@@ -30,10 +30,10 @@ use std::time::Duration;
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
 
-use crate::config::{AuthenticationConfig, AuthorizationConfig};
-use crate::request::RequestInfo;
-use crate::status::Status;
+use crate::component::config::{AuthenticationConfig, AuthorizationConfig};
 use crate::upstream::Upstream;
+use apimachinery::request::RequestInfo;
+use apimachinery::status::Status;
 
 use self::access::{AccessReviewer, AccessSettings, Attributes, Decision};
 use self::impersonation::{ImpersonationError, LastModes, impersonate, requested};
@@ -64,7 +64,7 @@ pub enum Credential {
 /// its caller, as the apiserver's protocol authenticator reads them
 /// (`staging/src/k8s.io/apiserver/pkg/authentication/request/websocket/
 /// protocol.go`), for requests that are WebSocket requests
-/// ([`crate::websocket::is_websocket_request`]): every header's
+/// ([`crate::server::websocket::is_websocket_request`]): every header's
 /// comma-separated, trimmed subprotocols; one of them may be
 /// `base64url.bearer.authorization.k8s.io.<token, base64url without
 /// padding>`. It runs after the client certificate and the
@@ -268,7 +268,7 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<String> {
 /// for a WebSocket request one in its subprotocols.
 pub fn request_token(headers: &HeaderMap) -> Option<String> {
     bearer_token(headers).or_else(|| {
-        if !crate::websocket::is_websocket_request(headers) {
+        if !crate::server::websocket::is_websocket_request(headers) {
             return None;
         }
         match ProtocolToken::of(headers) {

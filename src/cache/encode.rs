@@ -29,8 +29,8 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response, header};
 use prometheus::{IntCounter, IntGauge};
 
-use crate::body::{self, Body};
-use crate::status::Status;
+use apimachinery::body::{self, Body};
+use apimachinery::status::Status;
 
 use super::negotiate::{Encoding, ErrorEncoding, MetaVersion, Representation};
 use super::object::CachedObject;
@@ -266,9 +266,9 @@ pub fn object_chunks(
             o.metadata_json(),
             Bytes::from_static(b"}"),
         ],
-        (Encoding::Protobuf, None) => vec![o.proto(codec?)?.envelope().clone()],
+        (Encoding::Protobuf, None) => vec![codec?.form(o)?.envelope().clone()],
         (Encoding::Protobuf, Some(v)) => {
-            let meta = o.proto(codec?)?.metadata();
+            let meta = codec?.form(o)?.metadata();
             let inner = protobuf::field_len(1, meta.len());
             let mut head = protobuf::envelope_head(v.api_version(), "PartialObjectMetadata", inner);
             protobuf::put_header(&mut head, 1, meta.len());
@@ -287,7 +287,7 @@ pub fn object_bytes(
         return Some(o.json().clone());
     }
     if repr == Representation::PROTOBUF {
-        return Some(o.proto(codec?)?.envelope().clone());
+        return Some(codec?.form(o)?.envelope().clone());
     }
     let chunks = object_chunks(o, codec, repr)?;
     let mut out = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
@@ -297,11 +297,22 @@ pub fn object_bytes(
     Some(out.freeze())
 }
 
+/// Writes `{"type":"T","object":OBJ}\n`, the apiserver's JSON watch framing.
+fn json_frame(kind: &str, object: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(object.len() + 32);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    out.extend_from_slice(object);
+    out.extend_from_slice(b"}\n");
+    out.freeze()
+}
+
 /// A watch event frame: JSON `{"type":T,"object":O}\n`, or a protobuf
 /// length-prefixed `WatchEvent`.
 pub fn frame(encoding: Encoding, event_type: &str, object: &[u8]) -> Bytes {
     match encoding {
-        Encoding::Json => super::event::frame(event_type, object),
+        Encoding::Json => json_frame(event_type, object),
         Encoding::Protobuf => Bytes::from(protobuf::watch_frame(event_type, object)),
     }
 }
@@ -379,7 +390,7 @@ pub fn status_response(s: Status, errors: ErrorEncoding) -> Response<Body> {
             Some(b) => (b, protobuf::CONTENT_TYPE),
             None => return s.into_response(),
         },
-        ErrorEncoding::IndentedJson => (Bytes::from(crate::go::to_vec_indented(&s)), JSON),
+        ErrorEncoding::IndentedJson => (Bytes::from(apimachinery::go::to_vec_indented(&s)), JSON),
     };
     let mut resp = s.into_response();
     *resp.body_mut() = body::full(body.0);
@@ -417,7 +428,7 @@ pub fn representation_label(repr: Representation) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::FieldSet;
+    use apimachinery::resource::FieldSet;
 
     fn codec(forms: ProtoForms, bytes: &IntGauge) -> ProtoCodec {
         ProtoCodec::new(
@@ -445,16 +456,16 @@ mod tests {
         let bytes = IntGauge::new("b", "b").unwrap();
         let c = codec(ProtoForms::new(16 * 1024), &bytes);
         let o = cm(0, 5);
-        let first = o.proto(&c).unwrap();
-        assert!(Arc::ptr_eq(&first, &o.proto(&c).unwrap()), "kept, shared");
+        let first = c.form(&o).unwrap();
+        assert!(Arc::ptr_eq(&first, &c.form(&o).unwrap()), "kept, shared");
         // A new version of the object is a new encoding.
         let newer = cm(0, 6);
-        assert!(!Arc::ptr_eq(&first, &newer.proto(&c).unwrap()));
+        assert!(!Arc::ptr_eq(&first, &c.form(&newer).unwrap()));
         drop(first);
         // Past the budget (about 15 of these), the oldest go.
         let objects: Vec<_> = (0..100).map(|i| cm(i, 7)).collect();
         for o in &objects {
-            o.proto(&c).unwrap();
+            c.form(o).unwrap();
         }
         c.settle_forms();
         let kept = c.slot.forms.0.as_ref().unwrap().weighted_size();
@@ -464,13 +475,13 @@ mod tests {
         // many are encoded.
         let more: Vec<_> = (100..2100).map(|i| cm(i, 7)).collect();
         for o in &more {
-            o.proto(&c).unwrap();
+            c.form(o).unwrap();
         }
         c.settle_forms();
         let alive = bytes.get();
         assert!(alive < 4 * 16 * 1024, "{alive} bytes alive");
         // Evicted ones are encoded again, identically.
-        let again = objects[0].proto(&c).unwrap();
+        let again = c.form(&objects[0]).unwrap();
         let fresh = c.encode(objects[0].json()).unwrap();
         assert_eq!(again.envelope(), fresh.envelope());
     }
@@ -480,10 +491,10 @@ mod tests {
         let bytes = IntGauge::new("b", "b").unwrap();
         let c = codec(ProtoForms::new(0), &bytes);
         let o = cm(0, 5);
-        let form = o.proto(&c).unwrap();
+        let form = c.form(&o).unwrap();
         assert!(bytes.get() > 0, "alive while read");
         drop(form);
         assert_eq!(bytes.get(), 0, "and gone after");
-        assert!(!Arc::ptr_eq(&o.proto(&c).unwrap(), &o.proto(&c).unwrap()));
+        assert!(!Arc::ptr_eq(&c.form(&o).unwrap(), &c.form(&o).unwrap()));
     }
 }

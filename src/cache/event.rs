@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 pub use apimachinery::watch::EventType;
@@ -16,7 +16,7 @@ use super::encode::{self, ProtoCodec};
 use super::filter::Filter;
 use super::negotiate::Representation;
 use super::object::CachedObject;
-use crate::resource::FieldSet;
+use apimachinery::resource::FieldSet;
 
 /// One change, as held in the history.
 #[derive(Debug)]
@@ -58,17 +58,6 @@ impl Which {
             Which::Deleted | Which::Left => "DELETED",
         }
     }
-}
-
-/// Writes `{"type":"T","object":OBJ}\n`, the apiserver's JSON watch framing.
-pub fn frame(kind: &str, object: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(object.len() + 32);
-    out.extend_from_slice(b"{\"type\":\"");
-    out.extend_from_slice(kind.as_bytes());
-    out.extend_from_slice(b"\",\"object\":");
-    out.extend_from_slice(object);
-    out.extend_from_slice(b"}\n");
-    out.freeze()
 }
 
 // === impl Event ===
@@ -157,8 +146,8 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::FieldSet;
-    use crate::selector::LabelSelector;
+    use apimachinery::resource::FieldSet;
+    use apimachinery::selector::LabelSelector;
 
     fn cm(name: &str, rv: u64, app: &str) -> Arc<CachedObject> {
         let json = format!(

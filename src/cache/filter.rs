@@ -1,7 +1,7 @@
 //! What a list or watch selects: namespace, label selector and field
 //! selector, evaluated against the labels and fields extracted at ingest.
 
-use crate::selector::{FieldSelector, LabelSelector};
+use apimachinery::selector::{FieldSelector, LabelSelector};
 
 use super::object::CachedObject;
 

@@ -17,7 +17,7 @@ use http::{HeaderValue, Response, header};
 use http_body::Frame;
 use http_body_util::StreamBody;
 
-use crate::body::{Body, BoxError};
+use apimachinery::body::{Body, BoxError};
 
 use apimachinery::protobuf;
 
@@ -248,7 +248,7 @@ fn protobuf_list(
     let codec = info.codec.as_deref()?;
     let mut items: Vec<Bytes> = Vec::with_capacity(page.items.len());
     for o in &page.items {
-        let form = o.proto(codec)?;
+        let form = codec.form(o)?;
         items.push(match metadata {
             None => form.raw(),
             Some(_) => form.metadata(),
@@ -341,8 +341,8 @@ pub fn response_with(body: Body, content_type: &'static str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::FieldSet;
-    use crate::selector::LabelSelector;
+    use apimachinery::resource::FieldSet;
+    use apimachinery::selector::LabelSelector;
     use http_body_util::BodyExt;
 
     fn cm(ns: &str, name: &str, app: &str) -> (Arc<str>, Arc<CachedObject>) {

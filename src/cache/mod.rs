@@ -27,10 +27,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{CacheConfig, ConfigError};
-use crate::ready::Readiness;
-use crate::resource::{FieldSet, Gvr, built_in, is_built_in_group};
+use crate::component::config::{CacheConfig, ConfigError};
+use crate::component::ready::Readiness;
 use crate::upstream::Upstream;
+use apimachinery::resource::{FieldSet, Gvr, built_in, is_built_in_group};
 
 use self::metrics::CacheMetrics;
 use self::reflector::Reflector;
@@ -53,7 +53,7 @@ impl Caches {
     pub fn new(
         config: &CacheConfig,
         node_name: &str,
-        identity: &crate::identity::Identity,
+        identity: &crate::upstream::identity::Identity,
         metrics: &CacheMetrics,
     ) -> Result<Caches, ConfigError> {
         let mut by_gvr = HashMap::new();
@@ -157,7 +157,7 @@ impl Caches {
         upstream: &Upstream,
         readiness: &Readiness,
         snapshots: Option<&Arc<persist::Snapshots>>,
-        check: &crate::config::ConsistencyCheckConfig,
+        check: &crate::component::config::ConsistencyCheckConfig,
         shutdown: &CancellationToken,
     ) {
         for cache in self.by_gvr.values() {

@@ -19,10 +19,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::resource::FieldSet;
-use crate::selector::Pairs;
-
-use super::encode::{ProtoCodec, ProtoForm};
+use apimachinery::resource::FieldSet;
+use apimachinery::selector::Pairs;
 
 /// Why an object from upstream could not be cached.
 #[derive(Debug, thiserror::Error)]
@@ -296,12 +294,6 @@ impl CachedObject {
     pub fn metadata_json(&self) -> Bytes {
         self.json
             .slice(self.meta_span.0 as usize..self.meta_span.1 as usize)
-    }
-
-    /// The protobuf form, kept by `codec` (`ProtoForms`) or encoded now;
-    /// `None` when the object cannot be encoded.
-    pub fn proto(&self, codec: &ProtoCodec) -> Option<Arc<ProtoForm>> {
-        codec.form(self)
     }
 
     /// Appends the object as a list item: without `kind`/`apiVersion` when

@@ -626,8 +626,12 @@ mod tests {
                 10 + i
             );
             let o = Arc::new(
-                CachedObject::from_json(json.as_bytes(), crate::resource::FieldSet::Default, true)
-                    .unwrap(),
+                CachedObject::from_json(
+                    json.as_bytes(),
+                    apimachinery::resource::FieldSet::Default,
+                    true,
+                )
+                .unwrap(),
             );
             out.insert(o.key_arc().clone(), o);
         }
@@ -645,7 +649,8 @@ mod tests {
         let items = objects(3)
             .values()
             .map(|o| {
-                CachedObject::from_json(o.json(), crate::resource::FieldSet::Default, true).unwrap()
+                CachedObject::from_json(o.json(), apimachinery::resource::FieldSet::Default, true)
+                    .unwrap()
             })
             .collect();
         cache.replace(items, 20);

@@ -9,9 +9,9 @@
 //! unknown parameter, a malformed number) is a [`QueryError::PassThrough`]:
 //! upstream answers it.
 
-use crate::go::quote as go_quote;
-use crate::selector::{FieldSelector, LabelSelector};
-use crate::status::{Cause, Status};
+use apimachinery::go::quote as go_quote;
+use apimachinery::selector::{FieldSelector, LabelSelector};
+use apimachinery::status::{Cause, Status};
 
 /// Parameters the cache understands. Any other parameter passes through.
 const KNOWN: &[&str] = &[
@@ -76,7 +76,7 @@ pub fn parse(query: Option<&str>, watch: bool) -> Result<ListOptions, QueryError
     let mut raw: Vec<(String, String)> = Vec::new();
     // Go's `URL.Query()`: a pair with a `;` or a malformed escape is
     // dropped, not an error.
-    for (k, v) in crate::url::query_pairs(query.unwrap_or("")) {
+    for (k, v) in apimachinery::url::query_pairs(query.unwrap_or("")) {
         if !KNOWN.contains(&k.as_str()) {
             return Err(QueryError::PassThrough("unknown query parameter"));
         }

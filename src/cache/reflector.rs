@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use crate::ready::Readiness;
+use crate::component::ready::Readiness;
 use crate::upstream::{Credentials, Upstream, error_chain};
 
 use super::compaction::Verdict;

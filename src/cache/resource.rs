@@ -15,8 +15,8 @@ use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
 
-use crate::resource::{FieldSet, Gvr};
-use crate::selector::FieldSelector;
+use apimachinery::resource::{FieldSet, Gvr};
+use apimachinery::selector::FieldSelector;
 
 use super::compaction::{Compaction, Known, Verdict};
 use super::encode::{self, ProtoCodec};

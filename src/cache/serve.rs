@@ -53,10 +53,10 @@ use http_body::Frame;
 use http_body_util::StreamBody;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::{Body, BoxError};
-use crate::request::RequestInfo;
-use crate::status::Status;
 use crate::upstream::Upstream;
+use apimachinery::body::{Body, BoxError};
+use apimachinery::request::RequestInfo;
+use apimachinery::status::Status;
 
 use super::compaction::Verdict;
 use super::continue_token;
@@ -145,7 +145,7 @@ pub fn passes_through_early(info: &RequestInfo, query: Option<&str>) -> Option<&
     if info.verb != "get" {
         return None;
     }
-    let rv = crate::url::query_get(query, "resourceVersion");
+    let rv = apimachinery::url::query_get(query, "resourceVersion");
     rv.is_none_or(|v| v.is_empty()).then_some("consistent get")
 }
 
@@ -291,7 +291,7 @@ async fn not_older_than(cache: &ResourceCache, rv: u64) -> Result<(), Status> {
 
 async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>, neg: Negotiated) -> Answer {
     let mut rv_param: Option<String> = None;
-    for (k, v) in crate::url::query_pairs(read.query.unwrap_or("")) {
+    for (k, v) in apimachinery::url::query_pairs(read.query.unwrap_or("")) {
         match k.as_str() {
             "resourceVersion" if rv_param.is_none() => rv_param = Some(v),
             "resourceVersion" => {}
@@ -303,7 +303,7 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>, neg: Negotiated)
     // `NoNamespaceKeyFunc` in staging/src/k8s.io/apiserver/pkg/registry/
     // generic/registry/store.go): `400`, whatever the cache holds.
     let name = &read.info.name;
-    let invalid = crate::request::path_segment_name_errors(name);
+    let invalid = apimachinery::request::path_segment_name_errors(name);
     if !invalid.is_empty() {
         // Go quotes the name with `%q`, exactly reproduced for ASCII.
         if !name.is_ascii() {
@@ -312,7 +312,7 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>, neg: Negotiated)
         return status(
             Status::bad_request(format!(
                 "Name parameter invalid: {}: {}",
-                crate::go::quote(name),
+                apimachinery::go::quote(name),
                 invalid.join(";")
             )),
             neg,
@@ -402,9 +402,9 @@ fn prepare(
     // A name in the path (legacy /watch/.../name): the selector may only
     // repeat it (`ListResource`'s hasName branch).
     if !read.info.name.is_empty() {
-        let name_selector = crate::selector::FieldSelector::parse(&format!(
+        let name_selector = apimachinery::selector::FieldSelector::parse(&format!(
             "metadata.name={}",
-            crate::selector::escape_field_value(&read.info.name)
+            apimachinery::selector::escape_field_value(&read.info.name)
         ))
         .map_err(|_| QueryError::PassThrough("name"))?;
         if fields.is_empty() {

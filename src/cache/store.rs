@@ -23,7 +23,7 @@ use imbl::OrdMap;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use crate::resource::FieldSet;
+use apimachinery::resource::FieldSet;
 
 use super::event::{Event, EventType, Which};
 use super::filter::{Filter, IndexKey};
@@ -840,7 +840,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selector::LabelSelector;
+    use apimachinery::selector::LabelSelector;
 
     fn settings(cap: usize, buffer: usize) -> Settings {
         Settings {
@@ -867,7 +867,8 @@ mod tests {
 
     fn on_node(n: &str) -> Arc<Filter> {
         Arc::new(Filter {
-            fields: crate::selector::FieldSelector::parse(&format!("spec.nodeName={n}")).unwrap(),
+            fields: apimachinery::selector::FieldSelector::parse(&format!("spec.nodeName={n}"))
+                .unwrap(),
             ..Filter::default()
         })
     }

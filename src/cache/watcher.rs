@@ -22,8 +22,8 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::body::{Body, BoxError};
-use crate::status::Status;
+use apimachinery::body::{Body, BoxError};
+use apimachinery::status::Status;
 
 use super::encode::{self, ProtoCodec};
 use super::event::Event;
@@ -129,7 +129,7 @@ pub fn start(
 pub fn error_response(status: &Status, encoding: Encoding) -> Response<Body> {
     let object = encode::status_object(status, encoding);
     response_with(
-        crate::body::full(encode::frame(encoding, "ERROR", &object)),
+        apimachinery::body::full(encode::frame(encoding, "ERROR", &object)),
         encode::watch_content_type(encoding),
     )
 }
@@ -506,7 +506,7 @@ mod tests {
     use crate::cache::event::EventType;
     use crate::cache::object::CachedObject;
     use crate::cache::resource::tests::test_cache;
-    use crate::resource::FieldSet;
+    use apimachinery::resource::FieldSet;
 
     fn cm(i: u64) -> CachedObject {
         let json = format!(

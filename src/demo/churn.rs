@@ -15,13 +15,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::objects::{ContainerState, gvr, pod};
+use super::objects::{ContainerState, FLAKY, gvr, pod};
 use kube_apiserver_sim::Sim;
 
 /// The interval between two ticks.
 pub const TICK: Duration = Duration::from_secs(2);
-/// The pod that crashes and restarts.
-pub const FLAKY: &str = "flaky-0";
 /// The node the churn pods and `flaky-0` run on.
 const CHURN_NODE: usize = 2;
 
@@ -117,7 +115,12 @@ impl Churn {
 }
 
 /// Rewrites `demo/<name>` with `change` applied.
-fn update(sim: &Sim, gvr: &crate::resource::Gvr, name: &str, change: impl FnOnce(&mut Value)) {
+fn update(
+    sim: &Sim,
+    gvr: &apimachinery::resource::Gvr,
+    name: &str,
+    change: impl FnOnce(&mut Value),
+) {
     let Some(mut object) = sim.get(gvr, "demo", name) else {
         return;
     };

@@ -8,16 +8,18 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cli::DemoArgs;
-use crate::config::{CachedResource, Config};
-use crate::pki::Ca;
-use crate::{Listeners, RunError, kubeconfig};
+use apimachinery::kubeconfig;
+use apimachinery::pki::Ca;
 use kube_apiserver_sim::{Sim, SimConfig};
+use kube_cache_proxy::component::cli::DemoArgs;
+use kube_cache_proxy::component::config::{CachedResource, Config};
+use kube_cache_proxy::{Listeners, RunError};
 
 mod churn;
 mod objects;
 
-pub use churn::{FLAKY, TICK};
+pub use churn::TICK;
+pub use objects::FLAKY;
 
 /// Why the demo could not start.
 #[derive(Debug, thiserror::Error)]
@@ -225,7 +227,7 @@ pub async fn run(
             churn.step(&sim);
         }
     });
-    let result = crate::run(listeners, config, shutdown).await;
+    let result = kube_cache_proxy::run(listeners, config, shutdown).await;
     churn.abort();
     let _ = std::fs::remove_file(dir.join(ADDRESS_FILE));
     result.map_err(DemoError::from)

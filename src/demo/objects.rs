@@ -7,7 +7,7 @@
 
 use serde_json::{Value, json};
 
-use crate::resource::Gvr;
+use apimachinery::resource::Gvr;
 
 /// `group`/`version`/`resource`.
 pub fn gvr(group: &str, version: &str, resource: &str) -> Gvr {
@@ -26,6 +26,8 @@ const NODE_CPU: &str = "4";
 const NODE_MEMORY_KI: u64 = 16 * 1024 * 1024;
 /// The kubelet version the demo nodes report.
 pub const KUBELET_VERSION: &str = "v1.36.2";
+/// The pod that crashes and restarts (`churn`).
+pub const FLAKY: &str = "flaky-0";
 
 /// The name of the `n`th node (from 1).
 pub fn node_name(n: usize) -> String {
@@ -292,7 +294,7 @@ pub fn initial_pods(now: &str) -> Vec<Value> {
     }
     out.push(pod(
         "demo",
-        super::churn::FLAKY,
+        FLAKY,
         "flaky",
         2,
         99,

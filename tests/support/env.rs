@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use apimachinery::pki::Ca;
 use kube_apiserver_sim::{Sim, SimConfig};
-use kube_cache_proxy::config::Config;
-use kube_cache_proxy::pki::Ca;
+use kube_cache_proxy::component::config::Config;
 use kube_cache_proxy::{Listeners, RunError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

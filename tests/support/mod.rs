@@ -17,8 +17,8 @@ pub use sim::Identity;
 
 use std::time::Duration;
 
-use kube_cache_proxy::config::{CachedResource, Config};
-use kube_cache_proxy::resource::Gvr;
+use apimachinery::resource::Gvr;
+use kube_cache_proxy::component::config::{CachedResource, Config};
 
 /// Core v1 configmaps, the resource most tests write and read.
 pub fn configmaps() -> Gvr {

@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kube_cache_proxy::config::Config;
-use kube_cache_proxy::pki::Ca;
+use apimachinery::pki::Ca;
+use kube_cache_proxy::component::config::Config;
 use kube_testenv::ControlPlane;
 use serde_json::{Value, json};
 
@@ -134,7 +134,7 @@ impl RealEnv {
     /// A kubeconfig file reaching the proxy with a client certificate.
     pub fn proxy_kubeconfig(&self, name: &str, user: &str, group: Option<&str>) -> PathBuf {
         let cert = self.cp.issue_client(user, group).unwrap();
-        let text = kube_cache_proxy::kubeconfig::with_certificate(
+        let text = apimachinery::kubeconfig::with_certificate(
             &self.proxy_url,
             &self.proxy_ca_pem,
             user,

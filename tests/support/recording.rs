@@ -24,10 +24,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use apimachinery::resource::Gvr;
 use base64::Engine;
 use http::Method;
 use kube_apiserver_sim::Sim;
-use kube_cache_proxy::resource::Gvr;
 use serde_json::{Value, json};
 
 use super::{Client, Next, QUIET, Resp, SOON};

@@ -9,8 +9,8 @@
 //! It mirrors `k8s.io/apimachinery` and parts of `k8s.io/apiserver`, and
 //! exists as its own crate so that the simulator does not depend on the
 //! proxy: the proxy's optional `demo` feature depends on the simulator,
-//! and cargo forbids a cycle between packages. The proxy re-exports these
-//! modules under their old paths (`kube_cache_proxy::selector`, ...).
+//! and cargo forbids a cycle between packages. The proxy's modules import
+//! it directly (`apimachinery::selector`, ...).
 #![forbid(unsafe_code)]
 
 pub mod body;

@@ -11,11 +11,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use apimachinery::pki::Ca;
+use apimachinery::resource::Gvr;
 use kube_apiserver_sim::{Sim, SimConfig};
 use kube_cache_proxy::Listeners;
-use kube_cache_proxy::config::{CachedResource, Config};
-use kube_cache_proxy::pki::Ca;
-use kube_cache_proxy::resource::Gvr;
+use kube_cache_proxy::component::config::{CachedResource, Config};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
@@ -344,13 +344,7 @@ impl RunningProxy {
     /// A kubeconfig text reaching the proxy as `user` with a client
     /// certificate.
     pub fn kubeconfig(&self, user: &str, cert_pem: &str, key_pem: &str) -> String {
-        kube_cache_proxy::kubeconfig::with_certificate(
-            &self.url,
-            &self.ca_pem,
-            user,
-            cert_pem,
-            key_pem,
-        )
+        apimachinery::kubeconfig::with_certificate(&self.url, &self.ca_pem, user, cert_pem, key_pem)
     }
 
     /// A GET on the proxy's admin port: status and the raw response.

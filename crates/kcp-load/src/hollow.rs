@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use apimachinery::pki::Ca;
 use clap::{Args, ValueEnum};
 use http::{Method, Request};
 use kube_cache_proxy::Listeners;
-use kube_cache_proxy::config::Config;
-use kube_cache_proxy::pki::Ca;
+use kube_cache_proxy::component::config::Config;
 use kube_testenv::{ControlPlane, Morph, Options};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -200,7 +200,7 @@ pub async fn kubelet(a: &KubeletArgs) -> Result<()> {
     let kubeconfig_text = if a.direct {
         cp.kubeconfig_text(&cp.url(), &user, &cert)
     } else {
-        kube_cache_proxy::kubeconfig::with_certificate(
+        apimachinery::kubeconfig::with_certificate(
             &proxy_url,
             &proxy_ca_pem,
             &user,

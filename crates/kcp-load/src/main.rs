@@ -51,6 +51,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use apimachinery::resource::FieldSet;
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use http::{Method, StatusCode};
@@ -59,7 +60,6 @@ use kube_cache_proxy::cache::encode::ProtoCodec;
 use kube_cache_proxy::cache::event::EventType;
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::store::{Settings, State};
-use kube_cache_proxy::resource::FieldSet;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -2081,7 +2081,7 @@ async fn authz_on(env: &SimEnv, a: &AuthzArgs) -> Result<AuthzReport> {
         let file = env.dir.join("authz.kubeconfig");
         std::fs::write(
             &file,
-            kube_cache_proxy::kubeconfig::with_certificate(
+            apimachinery::kubeconfig::with_certificate(
                 &env.proxy.url,
                 &env.proxy.ca_pem,
                 &user,
@@ -2349,7 +2349,8 @@ fn ingest(a: &IngestArgs) -> Result<IngestReport> {
     let cached = |text: &str| -> Result<CachedObject> {
         let o = CachedObject::from_json(text.as_bytes(), field_set, namespaced)?;
         if let Some(codec) = &codec {
-            o.proto(codec)
+            codec
+                .form(&o)
                 .ok_or_else(|| anyhow!("the {what} fixture does not encode in protobuf"))?;
         }
         Ok(o)

@@ -48,12 +48,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use apimachinery::pki::Ca;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
-use kube_cache_proxy::config::{Config, IdentityMode};
-use kube_cache_proxy::pki::Ca;
+use kube_cache_proxy::component::config::{Config, IdentityMode};
 use kube_testenv::{AssetsError, ControlPlane, Options};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -435,7 +435,7 @@ async fn run_on(
             .issue_client(&user, Some("system:nodes"))
             .map_err(|e| anyhow!("issuing {user}'s certificate: {e}"))?;
         let server = &targets[i % targets.len()];
-        let text = kube_cache_proxy::kubeconfig::with_certificate(
+        let text = apimachinery::kubeconfig::with_certificate(
             server,
             &server_ca,
             &user,
@@ -1324,7 +1324,7 @@ impl TierReplica {
         let client_ca = write("client-ca.crt", &cp.ca_pem())?;
         let upstream = write(
             "upstream.kubeconfig",
-            &kube_cache_proxy::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), token),
+            &apimachinery::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), token),
         )?;
         let port = kube_testenv::free_port().map_err(|e| anyhow!("{e}"))?;
         let admin_port = kube_testenv::free_port().map_err(|e| anyhow!("{e}"))?;
@@ -1491,7 +1491,7 @@ mod tests {
         let client_ca = write("ca.crt", &ca.cert_pem());
         let upstream = write(
             "upstream.kubeconfig",
-            &kube_cache_proxy::kubeconfig::with_token("https://127.0.0.1:1", &ca.cert_pem(), "t"),
+            &apimachinery::kubeconfig::with_token("https://127.0.0.1:1", &ca.cert_pem(), "t"),
         );
         let c = tier_config(
             "127.0.0.1:1",

@@ -337,8 +337,8 @@ impl Drop for Waiting {
 
 /// kube-apiserver's answer past its in-flight limit: `429`, plain text,
 /// `Retry-After: 1` (`tooManyRequests` in `filters/maxinflight.go`).
-pub fn too_many_requests() -> http::Response<crate::body::Body> {
-    let mut resp = http::Response::new(crate::body::full(
+pub fn too_many_requests() -> http::Response<apimachinery::body::Body> {
+    let mut resp = http::Response::new(apimachinery::body::full(
         "Too many requests, please try again later.\n",
     ));
     *resp.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;

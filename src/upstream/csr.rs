@@ -47,11 +47,11 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use crate::body;
-use crate::config::{Config, CsrConfig, TlsConfig};
-use crate::ready::Readiness;
-use crate::tls::{ServerTls, TlsError};
+use crate::component::config::{Config, CsrConfig, TlsConfig};
+use crate::component::ready::Readiness;
+use crate::server::tls::{ServerTls, TlsError};
 use crate::upstream::{Credentials, Upstream};
+use apimachinery::body;
 
 /// The issued certificate chain and its key, PEM, in one file (0600).
 pub const CURRENT_FILE: &str = "kube-cache-proxy-serving-current.pem";
@@ -476,8 +476,8 @@ fn parse_pair(pem: &[u8]) -> Result<(LeafInfo, CertifiedKey), String> {
     let leaf = chain.first().ok_or("no PEM certificate")?;
     let info = LeafInfo::parse(leaf)?;
     let key = PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("private key: {e}"))?;
-    let certified =
-        CertifiedKey::from_der(chain, key, &crate::tls::provider()).map_err(|e| e.to_string())?;
+    let certified = CertifiedKey::from_der(chain, key, &crate::server::tls::provider())
+        .map_err(|e| e.to_string())?;
     Ok((info, certified))
 }
 
@@ -504,8 +504,12 @@ fn temporary(template: &Template) -> Result<CertifiedKey, String> {
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let cert = params.self_signed(&key).map_err(err)?;
     let key_der = PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    CertifiedKey::from_der(vec![cert.der().clone()], key_der, &crate::tls::provider())
-        .map_err(|e| e.to_string())
+    CertifiedKey::from_der(
+        vec![cert.der().clone()],
+        key_der,
+        &crate::server::tls::provider(),
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Writes `data` to `path` through a temporary file in the same directory
@@ -1145,7 +1149,7 @@ mod tests {
 
     #[test]
     fn signed_certificate_satisfies_the_template() {
-        let ca = crate::pki::Ca::new("signer").unwrap();
+        let ca = apimachinery::pki::Ca::new("signer").unwrap();
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let t = template();
         let cert = ca
@@ -1234,7 +1238,7 @@ mod tests {
         let name = manager(&long).request_name(&key);
         assert!(name.len() <= 253, "{}", name.len());
         assert!(
-            crate::selector::is_dns1123_subdomain(&name).is_empty(),
+            apimachinery::selector::is_dns1123_subdomain(&name).is_empty(),
             "{name}"
         );
     }

@@ -499,7 +499,8 @@ impl CacheConfig {
                     "must be at least 1",
                 ));
             }
-            let known = crate::resource::built_in(&r.group, &r.version, &r.resource).is_some();
+            let known =
+                apimachinery::resource::built_in(&r.group, &r.version, &r.resource).is_some();
             if !known && r.kind.as_deref().is_none_or(str::is_empty) {
                 return Err(ConfigError::invalid(
                     &field("kind"),
@@ -528,9 +529,9 @@ impl CachedResource {
     ///
     /// # Errors
     /// Why the selector is not usable.
-    pub fn scope(&self, node_name: &str) -> Result<crate::selector::FieldSelector, String> {
+    pub fn scope(&self, node_name: &str) -> Result<apimachinery::selector::FieldSelector, String> {
         let Some(raw) = &self.field_selector else {
-            return Ok(crate::selector::FieldSelector::default());
+            return Ok(apimachinery::selector::FieldSelector::default());
         };
         if raw.contains("${NODE_NAME}") && node_name.is_empty() {
             return Err(
@@ -539,11 +540,12 @@ impl CachedResource {
             );
         }
         let raw = raw.replace("${NODE_NAME}", node_name);
-        let parsed = crate::selector::FieldSelector::parse(&raw)?;
+        let parsed = apimachinery::selector::FieldSelector::parse(&raw)?;
         if parsed.terms().iter().any(|t| t.not_equals) {
             return Err("only field=value terms can scope a cache".into());
         }
-        crate::resource::FieldSet::of(&self.group, &self.version, &self.resource).convert(&parsed)
+        apimachinery::resource::FieldSet::of(&self.group, &self.version, &self.resource)
+            .convert(&parsed)
     }
 }
 
@@ -644,7 +646,7 @@ impl CsrConfig {
                  CN=system:node:<nodeName> (set nodeName, --node-name or NODE_NAME)",
             ));
         }
-        if let Some(problem) = crate::selector::is_dns1123_subdomain(node_name)
+        if let Some(problem) = apimachinery::selector::is_dns1123_subdomain(node_name)
             .into_iter()
             .next()
         {
@@ -658,7 +660,7 @@ impl CsrConfig {
             .split_once('/')
             .is_some_and(|(domain, path)| {
                 domain.contains('.')
-                    && crate::selector::is_dns1123_subdomain(domain).is_empty()
+                    && apimachinery::selector::is_dns1123_subdomain(domain).is_empty()
                     && !path.is_empty()
                     && !path.contains(char::is_whitespace)
             });
@@ -673,7 +675,7 @@ impl CsrConfig {
         }
         for (i, raw) in self.dns_names.iter().enumerate() {
             let name = raw.replace("${NODE_NAME}", node_name);
-            if let Some(problem) = crate::selector::is_dns1123_subdomain(&name)
+            if let Some(problem) = apimachinery::selector::is_dns1123_subdomain(&name)
                 .into_iter()
                 .next()
             {

@@ -19,16 +19,16 @@ use crate::auth::access::{Attributes, Decision, forbidden};
 use crate::auth::{
     Auth, AuthFailure, BearerHeader, ClientCertificate, Credential, EXTRA_SPACE_WARNING, UserInfo,
 };
-use crate::body::{self, Body};
 use crate::cache::Caches;
 use crate::cache::resource::ResourceCache;
 use crate::cache::serve::{Answer, Read, serve};
-use crate::identity::{Identity, NodeCredential, NodeImpersonation};
-use crate::metrics::{Metrics, RequestLabels, Source};
-use crate::proxy;
-use crate::request::RequestInfo;
-use crate::status::Status;
+use crate::component::metrics::{Metrics, RequestLabels, Source};
+use crate::server::passthrough;
+use crate::upstream::identity::{Identity, NodeCredential, NodeImpersonation};
 use crate::upstream::{Credentials, Upstream};
+use apimachinery::body::{self, Body};
+use apimachinery::request::RequestInfo;
+use apimachinery::status::Status;
 
 /// What the proxy knows about the connection a request arrived on.
 #[derive(Debug, Clone)]
@@ -77,7 +77,7 @@ impl Handler {
         auth: Auth,
         shutdown: CancellationToken,
     ) -> Handler {
-        let known_resources = crate::resource::BUILT_INS
+        let known_resources = apimachinery::resource::BUILT_INS
             .iter()
             .map(|b| b.resource.to_string())
             .chain(caches.iter().map(|c| c.info().gvr.resource.clone()))
@@ -95,7 +95,7 @@ impl Handler {
     }
 
     /// Where a tier's way of acting as nodes is set once learnt
-    /// ([`crate::identity::tier_node_impersonation`]); until then,
+    /// ([`crate::upstream::identity::tier_node_impersonation`]); until then,
     /// constrained impersonation.
     #[must_use]
     pub fn with_node_impersonation(mut self, mode: Arc<OnceLock<NodeImpersonation>>) -> Handler {
@@ -166,7 +166,7 @@ impl Handler {
         info: &RequestInfo,
         conn: &ConnInfo,
     ) -> (Response<Body>, Source) {
-        let websocket = crate::websocket::is_websocket_request(req.headers());
+        let websocket = crate::server::websocket::is_websocket_request(req.headers());
         let credential = match Credential::of(&conn.cert, req.headers(), websocket) {
             Ok(Credential::None) if !self.auth.anonymous_enabled() => None,
             Ok(credential) => Some(credential),
@@ -405,10 +405,11 @@ impl Handler {
         // passed-through watch (its client re-watches, from the server that
         // is now active).
         let site_changed = self.upstream.site_changed();
-        let result = if proxy::is_upgrade(&req) {
-            proxy::forward_upgrade(&self.upstream, req, headers, credentials, conn.remote).await
+        let result = if passthrough::is_upgrade(&req) {
+            passthrough::forward_upgrade(&self.upstream, req, headers, credentials, conn.remote)
+                .await
         } else {
-            proxy::forward(&self.upstream, req, headers, credentials, conn.remote).await
+            passthrough::forward(&self.upstream, req, headers, credentials, conn.remote).await
         };
         match result {
             Ok(resp) => {
@@ -419,7 +420,7 @@ impl Handler {
                 if info.verb == "watch" && parts.status == http::StatusCode::OK {
                     let shutdown = self.shutdown.child_token().cancelled_owned();
                     let moved = site_changed;
-                    body = proxy::drainable_watch(
+                    body = passthrough::drainable_watch(
                         body,
                         parts.headers.get(header::CONTENT_TYPE),
                         async move {
@@ -441,7 +442,7 @@ impl Handler {
                     .with_label_values(&[err.reason()])
                     .inc();
                 tracing::warn!(error = %err, verb = %info.verb, path = %info.path.escape_debug(), "pass-through failed");
-                (proxy::error_response(&err), Source::Proxy)
+                (passthrough::error_response(&err), Source::Proxy)
             }
         }
     }
@@ -457,7 +458,7 @@ impl Handler {
                 "kube-cache-proxy does not act as a node",
             )));
         };
-        let node = crate::identity::node_user(name);
+        let node = crate::upstream::identity::node_user(name);
         if user.name != node {
             return Err(Box::new(Status::new(
                 http::StatusCode::FORBIDDEN,
@@ -517,7 +518,7 @@ impl Handler {
 }
 
 /// A watch served from the cache, as a WebSocket when the request asks
-/// for one (see [`crate::websocket`]): once the watch is established
+/// for one (see [`crate::server::websocket`]): once the watch is established
 /// (`200`), the handshake is checked against the request as the
 /// authentication filter left it (a token subprotocol that authenticated
 /// the request removed), and the watch switches protocols or is refused.
@@ -548,8 +549,8 @@ fn upgrade_watch(
         }
         _ => req.headers(),
     };
-    match crate::websocket::handshake(req.method(), req.uri(), headers) {
-        Ok(accepted) => crate::websocket::serve(on_upgrade, accepted, resp),
+    match crate::server::websocket::handshake(req.method(), req.uri(), headers) {
+        Ok(accepted) => crate::server::websocket::serve(on_upgrade, accepted, resp),
         Err(refusal) => refusal,
     }
 }

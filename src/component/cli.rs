@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{IdentityMode, Overrides, TlsVersion};
+use crate::component::config::{IdentityMode, Overrides, TlsVersion};
 
 /// The exit statuses, as `--help` lists them (sysexits.h's `EX_USAGE` for
 /// anything the operator must fix in the command line or configuration).

@@ -9,7 +9,7 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use crate::request::RequestInfo;
+use apimachinery::request::RequestInfo;
 
 /// Where an answer came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,7 +216,7 @@ fn named_in_path(info: &RequestInfo) -> bool {
 /// `getVerbIfWatch`: the first `watch` parameter, unless `0` or `false`
 /// (case-insensitive).
 fn watch_requested(query: Option<&str>) -> bool {
-    crate::url::query_get(query, "watch")
+    apimachinery::url::query_get(query, "watch")
         .is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "0" | "false"))
 }
 

@@ -16,9 +16,9 @@ use std::future::Future;
 
 use http_body_util::BodyExt;
 
-use crate::body::{self, Body};
-use crate::status::Status;
 use crate::upstream::{Credentials, Upstream, UpstreamError};
+use apimachinery::body::{self, Body};
+use apimachinery::status::Status;
 
 /// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus
 /// `Host`, which the upstream client sets from the upstream URI.

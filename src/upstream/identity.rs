@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use apimachinery::user::UserInfo;
 
-use crate::config::{CacheConfig, IdentityMode};
+use crate::component::config::{CacheConfig, IdentityMode};
 use crate::upstream::{Credentials, Upstream};
 
 /// The user name of node `name`.
@@ -396,7 +396,7 @@ async fn self_access(
 /// the status and the body (its first 64 KiB).
 async fn own_exchange(
     upstream: &Upstream,
-    req: http::Request<crate::body::Body>,
+    req: http::Request<apimachinery::body::Body>,
 ) -> Result<(StatusCode, bytes::Bytes), String> {
     let resp = upstream
         .send(req, Credentials::Proxy)
@@ -486,7 +486,7 @@ fn node_of_jwt(token: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::CachedResource;
+    use crate::component::config::CachedResource;
 
     fn jwt(claims: serde_json::Value) -> String {
         let enc = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
@@ -513,7 +513,7 @@ mod tests {
     /// A kubeconfig-derived configuration holding a client certificate
     /// for `cn`.
     fn with_certificate(cn: &str) -> kube::Config {
-        let issued = crate::pki::Ca::new("identity-test")
+        let issued = apimachinery::pki::Ca::new("identity-test")
             .unwrap()
             .issue_client(cn, Some("system:nodes"))
             .unwrap();

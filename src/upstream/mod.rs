@@ -1,4 +1,7 @@
-//! The connection to kube-apiserver.
+//! The apiserver's side: the connection to kube-apiserver (this module),
+//! who the proxy is there ([`identity`]: its node, a tier, or its
+//! credential as given) and its serving certificate issued through the
+//! CSR API ([`csr`]).
 //!
 //! Configuration comes from a kubeconfig file or the in-cluster
 //! service-account files, loaded by `kube`'s config loader (CA, client
@@ -31,6 +34,9 @@
 //! HTTP upgrades (exec, attach, port-forward) use a dedicated HTTP/1.1
 //! connection per request, since HTTP/2 has no `Upgrade`.
 
+pub mod csr;
+pub mod identity;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,10 +64,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
-use crate::body::{Body, BoxError};
-use crate::config::{UpstreamConfig, yaml_error};
-use crate::status::Status;
-use crate::tls::{Stamp, stamp};
+use crate::component::config::{UpstreamConfig, yaml_error};
+use crate::server::tls::{Stamp, stamp};
+use apimachinery::body::{Body, BoxError};
+use apimachinery::status::Status;
 
 /// Which credentials a request carries upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +119,7 @@ impl UpstreamError {
         let status = Status::service_unavailable(self.to_string());
         match self {
             UpstreamError::Config(_) => status,
-            _ => status.with_details(crate::status::Details {
+            _ => status.with_details(apimachinery::status::Details {
                 retry_after_seconds: Some(1),
                 ..Default::default()
             }),
@@ -752,7 +758,7 @@ impl Site {
             return false;
         }
         let provider = self.proxy_tls.crypto_provider().clone();
-        let key = match crate::tls::read_certified_key(&files.cert, &files.key, &provider) {
+        let key = match crate::server::tls::read_certified_key(&files.cert, &files.key, &provider) {
             Ok(key) => key,
             Err(error) => {
                 tracing::warn!(%error, "upstream client certificate changed but could not be loaded; keeping the previous one");
@@ -790,7 +796,7 @@ impl Site {
             return;
         }
         let this = self.clone();
-        crate::tls::spawn_every(interval, shutdown, move || {
+        crate::server::tls::spawn_every(interval, shutdown, move || {
             this.reload_client_certificate_if_changed();
         });
     }
@@ -841,7 +847,7 @@ impl Site {
         let mut req = Request::builder()
             .method(method)
             .uri(uri)
-            .body(body.map_or_else(crate::body::empty, crate::body::full))
+            .body(body.map_or_else(apimachinery::body::empty, apimachinery::body::full))
             .map_err(|e| UpstreamError::Request(e.to_string()))?;
         let h = req.headers_mut();
         let json = HeaderValue::from_static("application/json");
@@ -1155,7 +1161,7 @@ mod tests {
             .port();
         let u = upstream(&format!("https://127.0.0.1:{port}"));
         let req = Request::get(u.uri(Some(&"/api".parse().unwrap())).unwrap())
-            .body(crate::body::empty())
+            .body(apimachinery::body::empty())
             .unwrap();
         let start = std::time::Instant::now();
         let err = u.send(req, Credentials::Client).await.unwrap_err();
@@ -1170,7 +1176,7 @@ mod tests {
     async fn client_certificate_files_are_reread_only_when_valid() {
         let dir = std::env::temp_dir().join(format!("kcp-upstream-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        let ca = crate::pki::Ca::new("ca").unwrap();
+        let ca = apimachinery::pki::Ca::new("ca").unwrap();
         let pem = dir.join("client.pem");
         let first = ca.issue_client("proxy", None).unwrap();
         std::fs::write(&pem, format!("{}{}", first.cert_pem, first.key_pem)).unwrap();
@@ -1178,7 +1184,7 @@ mod tests {
         let file = pem.to_str().unwrap();
         std::fs::write(
             &kubeconfig,
-            crate::kubeconfig::with_certificate_files(
+            apimachinery::kubeconfig::with_certificate_files(
                 "https://127.0.0.1:1",
                 &ca.cert_pem(),
                 "proxy",

@@ -29,14 +29,14 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Admin;
 use crate::auth::access::{Attributes, Decision, forbidden};
 use crate::auth::{Auth, AuthFailure, ClientCertificate, Credential};
-use crate::body::Body;
-use crate::request::RequestInfo;
-use crate::serve::client_certificate;
-use crate::status::Status;
-use crate::tls::ServerTls;
+use crate::component::admin::Admin;
+use crate::server::serve::client_certificate;
+use crate::server::tls::ServerTls;
+use apimachinery::body::Body;
+use apimachinery::request::RequestInfo;
+use apimachinery::status::Status;
 
 /// Paths answered without authentication: health, no cluster data.
 const ALWAYS_ALLOWED: &[&str] = &["/healthz", "/livez", "/readyz"];

@@ -1,7 +1,7 @@
 //! The client-facing listener: accept, TLS handshake, and one task per
 //! connection serving HTTP/2 or HTTP/1.1 (with upgrades), as ALPN chose.
 //!
-//! Connections are admitted by the [`Registry`](crate::conns::Registry):
+//! Connections are admitted by the [`Registry`](crate::server::conns::Registry):
 //! past a limit the connection idle longest makes room, so a flood of idle
 //! connections cannot lock anyone out; requests are limited per client.
 //! Handshakes are bounded in time, and idle connections are closed as
@@ -25,11 +25,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::auth::{ClientCertificate, UserInfo};
-use crate::coalesce::{Coalesced, Polls};
-use crate::conns::{ConnHandle, Limits, Registry, token_client, too_many_requests};
-use crate::handler::{ConnInfo, Handler};
-use crate::metrics::Metrics;
-use crate::tls::ServerTls;
+use crate::component::metrics::Metrics;
+use crate::server::coalesce::{Coalesced, Polls};
+use crate::server::conns::{ConnHandle, Limits, Registry, token_client, too_many_requests};
+use crate::server::handler::{ConnInfo, Handler};
+use crate::server::tls::ServerTls;
 
 /// Bound on a client's TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -46,7 +46,7 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(32);
 /// (`upstream.rs`).
 const MAX_CONCURRENT_STREAMS: u32 = 1000;
 /// How often an HTTP/2 connection checks whether it has been idle for
-/// [`crate::conns::H2_IDLE_TIMEOUT`].
+/// [`crate::server::conns::H2_IDLE_TIMEOUT`].
 const IDLE_CHECK: Duration = Duration::from_secs(5);
 
 /// Listener settings.
@@ -253,7 +253,7 @@ async fn serve_request(
     handle: &ConnHandle,
     by_certificate: bool,
     req: http::Request<hyper::body::Incoming>,
-) -> http::Response<crate::body::Body> {
+) -> http::Response<apimachinery::body::Body> {
     // Without a verified certificate, the client is who its token says
     // (a digest of it; a WebSocket request's may be a subprotocol), or
     // anonymous.
@@ -270,13 +270,13 @@ async fn serve_request(
     let resp = handler.handle(req, conn).await;
     drop(waiting);
     let (parts, body) = resp.into_parts();
-    http::Response::from_parts(parts, crate::body::guarded(body, active))
+    http::Response::from_parts(parts, apimachinery::body::guarded(body, active))
 }
 
 /// Serves a connection until it ends, closing it gracefully when the
 /// server drains, when the registry evicts it, or (HTTP/2, `polls` set:
 /// its writes are [`Coalesced`]) when it has had no stream for
-/// [`crate::conns::H2_IDLE_TIMEOUT`].
+/// [`crate::server::conns::H2_IDLE_TIMEOUT`].
 async fn drive<C>(
     mut conn: Pin<&mut C>,
     graceful: fn(Pin<&mut C>),
@@ -308,7 +308,7 @@ where
             _ = check.tick(), if h2 && !closing => {
                 if handle
                     .idle_since()
-                    .is_some_and(|since| since.elapsed() >= crate::conns::H2_IDLE_TIMEOUT)
+                    .is_some_and(|since| since.elapsed() >= crate::server::conns::H2_IDLE_TIMEOUT)
                 {
                     closing = true;
                     graceful(conn.as_mut());

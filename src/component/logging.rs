@@ -28,7 +28,7 @@ use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::cli::LogFormat;
+use crate::component::cli::LogFormat;
 
 /// The tracing filter for klog verbosity `v` (see the module docs).
 pub fn filter_directives(v: u8) -> &'static str {
@@ -236,7 +236,7 @@ mod tests {
             lines[0]["caller"]
                 .as_str()
                 .unwrap()
-                .starts_with("src/logging.rs:")
+                .starts_with("src/component/logging.rs:")
         );
         assert!(lines[0].get("message").is_none() && lines[0].get("fields").is_none());
         assert_eq!(lines[1]["err"], "boom");

@@ -57,7 +57,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 
-use crate::body::{self, Body};
+use apimachinery::body::{self, Body};
 
 /// `x/net/websocket`'s `DefaultMaxPayloadBytes`: the largest message it
 /// reads from a client.
@@ -144,7 +144,7 @@ pub fn handshake(
         None => uri.authority().map(|a| a.to_string()).unwrap_or_default(),
     };
     let target = uri.path_and_query().map_or("/", |p| p.as_str());
-    if let Err(e) = crate::url::parse_request_uri(&format!("wss://{host}{target}")) {
+    if let Err(e) = apimachinery::url::parse_request_uri(&format!("wss://{host}{target}")) {
         return Err(refusal(StatusCode::BAD_REQUEST, &e.to_string()));
     }
     let protocol = first(headers, "sec-websocket-protocol");
@@ -155,7 +155,7 @@ pub fn handshake(
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     // `checkOrigin`: an origin is required, and must parse.
     let origin = first(headers, "origin");
-    if origin.is_empty() || crate::url::parse_request_uri(&origin).is_err() {
+    if origin.is_empty() || apimachinery::url::parse_request_uri(&origin).is_err() {
         return Err(refusal(StatusCode::FORBIDDEN, ""));
     }
     if protocols.len() > 1 {

@@ -4,7 +4,7 @@
 //! [`crate::cache::status`]). It never serves cluster data, and,
 //! unauthenticated, listens on loopback only (`adminListen`); metrics and
 //! health beyond the node are the metrics listener's
-//! ([`crate::metrics_listener`]).
+//! ([`crate::component::metrics_listener`]).
 //!
 //! Health bodies follow kube-apiserver's format: `ok`, or with `?verbose`
 //! one `[+]check ok` / `[-]check failed: reason` line per check and a
@@ -21,11 +21,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::{self, Body};
 use crate::cache::resource::ResourceCache;
-use crate::metrics::Metrics;
-use crate::ready::Readiness;
-use crate::tls::ServerTls;
+use crate::component::metrics::Metrics;
+use crate::component::ready::Readiness;
+use crate::server::tls::ServerTls;
+use apimachinery::body::{self, Body};
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]

@@ -16,7 +16,7 @@ use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::config::{TlsConfig, TlsVersion};
+use crate::component::config::{TlsConfig, TlsVersion};
 
 /// A TLS configuration error, naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -387,7 +387,7 @@ impl ReloadingClientCa {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pki::Ca;
+    use apimachinery::pki::Ca;
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
         let p = dir.join(name);
