@@ -40,13 +40,18 @@ async fn client(kubeconfig: &str) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
-/// A reflector of `ns`'s configmaps on `client`; its store and what it
-/// saw after its initial state.
-fn reflect(
-    client: kube::Client,
-    ns: &str,
-    streaming: bool,
-) -> (Store<ConfigMap>, Seen, tokio::task::JoinHandle<()>) {
+/// A reflector of `ns`'s configmaps on `client` (with kube-runtime's
+/// default backoff, as controllers run it); its store, what it saw after
+/// its initial state, and the watch errors it met (each retried).
+struct Reflected {
+    store: Store<ConfigMap>,
+    seen: Seen,
+    errors: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn reflect(client: kube::Client, ns: &str, streaming: bool) -> Reflected {
+    use kube_runtime::WatchStreamExt;
     let api: Api<ConfigMap> = Api::namespaced(client, ns);
     let config = if streaming {
         watcher::Config::default().streaming_lists()
@@ -55,8 +60,9 @@ fn reflect(
     };
     let (store, writer) = reflector::store();
     let seen: Seen = Arc::default();
-    let events = reflector::reflector(writer, watcher::watcher(api, config));
-    let recorded = seen.clone();
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    let events = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    let (recorded, failed) = (seen.clone(), errors.clone());
     let task = tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
@@ -64,7 +70,10 @@ fn reflect(
                 Ok(Event::Apply(o)) => ("apply", o),
                 Ok(Event::Delete(o)) => ("delete", o),
                 Ok(_) => continue,
-                Err(e) => panic!("watcher error: {e}"),
+                Err(e) => {
+                    failed.lock().unwrap().push(e.to_string());
+                    continue;
+                }
             };
             recorded.lock().unwrap().push((
                 change,
@@ -73,7 +82,12 @@ fn reflect(
             ));
         }
     });
-    (store, seen, task)
+    Reflected {
+        store,
+        seen,
+        errors,
+        task,
+    }
 }
 
 fn cm(name: &str, v: &str) -> ConfigMap {
@@ -167,21 +181,21 @@ async fn kube_rs_watchers_end_identical_through_the_proxy_and_directly() {
     let mut watchers = Vec::new();
     for (side, c) in [("proxy", &proxied), ("direct", &direct)] {
         for streaming in [true, false] {
-            let (store, seen, task) = reflect(c.clone(), &ns, streaming);
-            tokio::time::timeout(Duration::from_secs(30), store.wait_until_ready())
+            let r = reflect(c.clone(), &ns, streaming);
+            tokio::time::timeout(Duration::from_secs(30), r.store.wait_until_ready())
                 .await
                 .unwrap_or_else(|_| panic!("{side} streaming={streaming}: no initial state"))
                 .unwrap();
-            seen.lock().unwrap().clear();
-            watchers.push((side, streaming, store, seen, task));
+            r.seen.lock().unwrap().clear();
+            watchers.push((side, streaming, r));
         }
     }
 
     let truth = write_sequence(&api).await;
 
-    for (side, streaming, store, _, _) in &watchers {
+    for (side, streaming, r) in &watchers {
         eventually(Duration::from_secs(20), "the final state", || {
-            let s = state(store);
+            let s = state(&r.store);
             let truth = truth.clone();
             async move { (s == truth).then_some(()) }
         })
@@ -194,7 +208,7 @@ async fn kube_rs_watchers_end_identical_through_the_proxy_and_directly() {
     // same resourceVersions.
     let seen: Vec<_> = watchers
         .iter()
-        .map(|(side, streaming, _, seen, _)| (*side, *streaming, seen.lock().unwrap().clone()))
+        .map(|(side, streaming, r)| (*side, *streaming, r.seen.lock().unwrap().clone()))
         .collect();
     let expected = &seen[2].2;
     assert_eq!(
@@ -217,8 +231,159 @@ async fn kube_rs_watchers_end_identical_through_the_proxy_and_directly() {
     // The proxy's watchers were served from its cache, not passed through.
     let served = configmap_watches_from_the_cache(&env).await;
     assert!(served >= 2.0, "{served} watches served from the cache");
-    for (_, _, _, _, task) in watchers {
-        task.abort();
+    for (side, streaming, r) in watchers {
+        assert!(
+            r.errors.lock().unwrap().is_empty(),
+            "{side}, streaming lists: {streaming}: {:?}",
+            r.errors.lock().unwrap()
+        );
+        r.task.abort();
+    }
+}
+
+/// A free port on the loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_rs_watchers_see_every_change_once_across_a_proxy_takeover() {
+    let takeover = support::env::tempdir().join("takeover.sock");
+    let (port, admin_port) = (free_port(), free_port());
+    let Some(mut env) = RealEnv::start_with(|c| {
+        support::cache_configmaps(c);
+        c.listen = format!("127.0.0.1:{port}");
+        c.admin_listen = format!("127.0.0.1:{admin_port}");
+        c.takeover.socket_path = Some(takeover.clone());
+    })
+    .await
+    else {
+        return;
+    };
+    let ns = env.namespace("clients-takeover").await;
+    let admin = env.cp.admin();
+    let direct = client(&env.cp.kubeconfig_text(&env.cp.url(), "admin", admin)).await;
+    let proxied = client(&apimachinery::kubeconfig::with_certificate(
+        &env.proxy_url,
+        &env.proxy_ca_pem,
+        "admin",
+        &admin.cert_pem,
+        &admin.key_pem,
+    ))
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(direct.clone(), &ns);
+    api.create(&PostParams::default(), &cm("a", "1"))
+        .await
+        .unwrap();
+    let mut watchers = Vec::new();
+    for (side, c) in [("proxy", &proxied), ("direct", &direct)] {
+        for streaming in [true, false] {
+            let r = reflect(c.clone(), &ns, streaming);
+            tokio::time::timeout(Duration::from_secs(30), r.store.wait_until_ready())
+                .await
+                .unwrap_or_else(|_| panic!("{side} streaming={streaming}: no initial state"))
+                .unwrap();
+            r.seen.lock().unwrap().clear();
+            watchers.push((side, streaming, r));
+        }
+    }
+    let update = |name: &'static str| {
+        let api = api.clone();
+        async move {
+            let mut o = api.get(name).await.unwrap();
+            o.data = Some([("v".to_string(), "2".to_string())].into());
+            api.replace(name, &PostParams::default(), &o).await.unwrap();
+        }
+    };
+
+    // Before the takeover: a create and an update.
+    api.create(&PostParams::default(), &cm("b", "1"))
+        .await
+        .unwrap();
+    update("a").await;
+    // A second proxy takes the listening sockets over; the first drains
+    // (its watches end) and idles until stopped (as a static pod would, so
+    // that kubelet does not restart it); the watchers re-watch from their
+    // last resourceVersion on the same address, now served by the second.
+    let started = std::time::Instant::now();
+    let successor = support::env::Running::take_over(&env.config).await;
+    successor.ready().await;
+    let mut predecessor = std::mem::replace(&mut env.running, successor);
+    predecessor.stop().await.expect("the first proxy drained");
+    println!(
+        "takeover: the second proxy ready and the first drained in {:?}",
+        started.elapsed()
+    );
+    // After: a create, a delete, an update.
+    api.create(&PostParams::default(), &cm("c", "1"))
+        .await
+        .unwrap();
+    api.delete("b", &DeleteParams::default()).await.unwrap();
+    update("c").await;
+    let truth: BTreeMap<String, String> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| {
+            (
+                o.metadata.name.clone().unwrap(),
+                o.metadata.resource_version.clone().unwrap(),
+            )
+        })
+        .collect();
+
+    for (side, streaming, r) in &watchers {
+        eventually(Duration::from_secs(30), "the final state", || {
+            let s = state(&r.store);
+            let truth = truth.clone();
+            async move { (s == truth).then_some(()) }
+        })
+        .await;
+        println!(
+            "kube-rs watcher ({side}, streaming lists: {streaming}) across the takeover: final \
+             state as the apiserver's; watch errors retried: {:?}",
+            r.errors.lock().unwrap()
+        );
+    }
+    // Every watcher saw the five changes exactly once, in order, with the
+    // same resourceVersions: nothing lost or repeated across the takeover.
+    let seen: Vec<_> = watchers
+        .iter()
+        .map(|(side, streaming, r)| (*side, *streaming, r.seen.lock().unwrap().clone()))
+        .collect();
+    let expected = &seen[2].2;
+    assert_eq!(
+        expected
+            .iter()
+            .map(|(c, n, _)| (*c, n.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("apply", "b"),
+            ("apply", "a"),
+            ("apply", "c"),
+            ("delete", "b"),
+            ("apply", "c")
+        ],
+        "direct, streaming lists"
+    );
+    for (side, streaming, s) in &seen {
+        assert_eq!(s, expected, "{side}, streaming lists: {streaming}");
+    }
+    // The proxied watchers did move: the second proxy serves their watches
+    // from its cache.
+    let resumed = configmap_watches_from_the_cache(&env).await;
+    assert!(
+        resumed >= 2.0,
+        "{resumed} watches resumed on the second proxy"
+    );
+    for (_, _, r) in watchers {
+        r.task.abort();
     }
 }
 

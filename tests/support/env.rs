@@ -50,6 +50,23 @@ impl Running {
     pub async fn start(config: &Config) -> Running {
         config.validate().unwrap();
         let listeners = Listeners::bind(config).await.unwrap();
+        Running::run(listeners, config)
+    }
+
+    /// A second proxy with `config` (`takeover.socketPath` set, the same
+    /// addresses), taking the listening sockets over from the running one
+    /// (`Listeners::acquire`), which drains once this one is ready.
+    pub async fn take_over(config: &Config) -> Running {
+        config.validate().unwrap();
+        let listeners = Listeners::acquire(config).await.unwrap();
+        assert!(
+            listeners.predecessor.is_some(),
+            "no proxy to take over from"
+        );
+        Running::run(listeners, config)
+    }
+
+    fn run(listeners: Listeners, config: &Config) -> Running {
         let addr = listeners.api.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();
         let metrics = listeners.metrics.as_ref().map(|l| l.local_addr().unwrap());
