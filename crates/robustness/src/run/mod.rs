@@ -1,0 +1,16 @@
+//! One robustness run: stand the topology up, record etcd's history, start
+//! the recording watchers, readers and writers, inject faults from the
+//! seeded schedule, then validate every stream and report.
+//!
+//! `setup`: what to run and the watchers started; `sources`: etcd's history
+//! recorded, the proxies' relists and the final lists; `phases`: the run
+//! itself; `report`: what it found, as text.
+
+mod phases;
+mod report;
+mod setup;
+mod sources;
+
+pub use phases::run;
+pub use report::{FaultRow, PropertyReport, Report};
+pub use setup::Options;
