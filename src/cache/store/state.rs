@@ -1,0 +1,471 @@
+//! The objects and bounded history of one resource (`State`): upstream
+//! events and bookmarks applied, a relist turned into events (or a reset),
+//! snapshots at older RVs, and where a new watcher starts.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use imbl::OrdMap;
+use tokio::sync::mpsc;
+
+use apimachinery::resource::FieldSet;
+
+use crate::cache::event::{Event, EventType};
+use crate::cache::filter::Filter;
+use crate::cache::object::CachedObject;
+
+use super::watchers::{CatchUp, Delivery, Outcome, WatcherLink, Watchers};
+
+/// The objects of a resource, by storage key, in the apiserver's order.
+pub type Objects = OrdMap<Arc<str>, Arc<CachedObject>>;
+
+/// How a store behaves.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Events kept for watches that resume from an older RV.
+    pub history_capacity: usize,
+    /// Events older than this leave the history even below capacity.
+    pub history_max_age: Duration,
+    /// Events buffered per watcher before it is marked lagging.
+    pub watcher_buffer: usize,
+    /// How long a watcher may stay blocked (lagging without catching up)
+    /// before it is closed.
+    pub blocked_budget: Duration,
+    /// Whether watchers are indexed by `spec.nodeName` (pods).
+    pub node_indexed: bool,
+    /// Whether the resource is namespaced.
+    pub namespaced: bool,
+    /// How objects' selectable fields are computed (for synthesized events).
+    pub field_set: FieldSet,
+}
+
+/// Where a new watcher starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Every change after this RV, from the history.
+    After(u64),
+    /// The current state as synthetic `ADDED` events, then changes.
+    Snapshot,
+}
+
+/// A registered watcher.
+#[derive(Debug)]
+pub struct Registration {
+    pub id: u64,
+    pub rx: mpsc::Receiver<Delivery>,
+    pub link: Arc<WatcherLink>,
+    /// History events to replay first (`Start::After`).
+    pub replay: Vec<Arc<Event>>,
+    /// The state to send first (`Start::Snapshot`) and its RV.
+    pub snapshot: Option<(Objects, u64)>,
+    /// Deliveries with an RV at or below this are skipped.
+    pub min_rv: u64,
+}
+
+/// A watch that cannot start from the requested RV: it is older than the
+/// history (`too old resource version: N (floor)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooOld {
+    pub requested: u64,
+    pub floor: u64,
+}
+
+/// The state of one resource's cache.
+pub struct State {
+    settings: Settings,
+    objects: Objects,
+    rv: u64,
+    history: VecDeque<Arc<Event>>,
+    /// When each history event was applied (same length as `history`).
+    history_at: VecDeque<Instant>,
+    /// Every event with an RV above this is in the history.
+    floor: u64,
+    /// Intervals `(from, to)` of RVs the history skipped: a relist took the
+    /// cache from `from` straight to `to`, its difference delivered as
+    /// events at RVs that are not the changes' own (deletions at free RVs),
+    /// valid for a client at `from` or before, not for one in between,
+    /// whose state the cache never knew.
+    skipped: VecDeque<(u64, u64)>,
+    synced: bool,
+    bytes: usize,
+    watchers: Watchers,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("rv", &self.rv)
+            .field("objects", &self.objects.len())
+            .field("history", &self.history.len())
+            .field("floor", &self.floor)
+            .field("watchers", &self.watchers.count())
+            .finish()
+    }
+}
+
+// === impl State ===
+
+impl State {
+    /// An empty, unsynced store.
+    pub fn new(settings: Settings) -> State {
+        State {
+            settings,
+            objects: Objects::new(),
+            rv: 0,
+            history: VecDeque::new(),
+            history_at: VecDeque::new(),
+            floor: 0,
+            skipped: VecDeque::new(),
+            synced: false,
+            bytes: 0,
+            watchers: Watchers::default(),
+        }
+    }
+
+    /// Whether the first list has landed.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The cache's resourceVersion: of the newest event or bookmark applied,
+    /// or of the list it started from.
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// The oldest RV a watch can resume from.
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// The current objects (a cheap, immutable snapshot when cloned).
+    pub fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
+    /// Number of events in the history.
+    pub fn history_len(&self) -> usize {
+        self.history.len()
+    }
+
+    /// Bytes held by the current objects.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Number of registered watchers.
+    pub fn watcher_count(&self) -> usize {
+        self.watchers.count()
+    }
+
+    /// Applies an upstream event. Events at or below the cache's RV are
+    /// ignored (a resumed or duplicate stream).
+    pub fn apply(&mut self, kind: EventType, object: CachedObject, now: Instant) -> Outcome {
+        if object.rv <= self.rv {
+            return Outcome {
+                stale: true,
+                ..Outcome::default()
+            };
+        }
+        let object = Arc::new(object);
+        let prev = self.objects.get(object.key()).cloned();
+        let kind = match (kind, &prev) {
+            // A MODIFIED for an object we never saw is, to a watcher, new.
+            (EventType::Modified, None) => EventType::Added,
+            // An ADDED over an existing key replaced it.
+            (EventType::Added, Some(_)) => EventType::Modified,
+            (k, _) => k,
+        };
+        if kind == EventType::Deleted && prev.is_none() {
+            // Deleting what we do not hold changes nothing but the RV.
+            self.rv = object.rv;
+            return Outcome::default();
+        }
+        let event = Arc::new(Event::new(object.rv, kind, object, prev));
+        self.push(event, now)
+    }
+
+    /// Records upstream progress (a bookmark). Returns whether the RV moved.
+    pub fn progress(&mut self, rv: u64) -> bool {
+        if rv > self.rv {
+            self.rv = rv;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn push(&mut self, event: Arc<Event>, now: Instant) -> Outcome {
+        let mut outcome = Outcome {
+            events: 1,
+            ..Outcome::default()
+        };
+        let key = event.object.key_arc().clone();
+        if let Some(prev) = &event.prev {
+            self.bytes = self.bytes.saturating_sub(prev.heap_size());
+        }
+        match event.kind {
+            EventType::Deleted => {
+                self.objects.remove(&key);
+            }
+            EventType::Added | EventType::Modified => {
+                self.bytes += event.object.heap_size();
+                self.objects.insert(key, event.object.clone());
+            }
+        }
+        self.rv = event.rv;
+        self.watchers.dispatch(
+            &event,
+            now,
+            self.settings.node_indexed,
+            self.settings.blocked_budget,
+            &mut outcome,
+        );
+        self.history.push_back(event);
+        self.history_at.push_back(now);
+        // Bounded by count, and by age as the apiserver's watch cache is
+        // (it keeps about `eventFreshDuration`, 75 s, of events): old
+        // versions of big objects (nodes) would otherwise stay in memory
+        // for hours in a quiet cluster.
+        let too_old = now.checked_sub(self.settings.history_max_age);
+        while self.history.len() > self.settings.history_capacity.max(1)
+            || too_old.is_some_and(|t| self.history_at.front().is_some_and(|at| *at < t))
+        {
+            let Some(old) = self.history.pop_front() else {
+                break;
+            };
+            self.history_at.pop_front();
+            self.floor = old.rv;
+            while self
+                .skipped
+                .front()
+                .is_some_and(|(_, to)| *to <= self.floor)
+            {
+                self.skipped.pop_front();
+            }
+            self.watchers.close_overrun(self.floor, &mut outcome);
+        }
+        outcome
+    }
+
+    /// Replaces the state with a fresh upstream list at `list_rv`. The
+    /// first time, this is the initial fill. Later (a relist after `410`),
+    /// the difference is applied as ordinary events so watchers continue:
+    /// new objects are `ADDED` and changed ones `MODIFIED` at their own
+    /// RVs; vanished ones are `DELETED` at distinct RVs in
+    /// `(cache RV, list RV]` not used by those (the apiserver does not say
+    /// when they went; any such RV is a time at which they may already
+    /// have gone), so every event has its own RV and a client resuming
+    /// mid-way misses nothing. When that is impossible, watchers are closed
+    /// and the history reset, as the apiserver's cacher always does.
+    pub fn replace(&mut self, items: Vec<CachedObject>, list_rv: u64, now: Instant) -> Outcome {
+        let mut fresh = Objects::new();
+        for item in items {
+            let item = Arc::new(item);
+            fresh.insert(item.key_arc().clone(), item);
+        }
+        if !self.synced {
+            self.bytes = fresh.values().map(|o| o.heap_size()).sum();
+            self.objects = fresh;
+            self.rv = list_rv;
+            self.floor = list_rv;
+            self.synced = true;
+            return Outcome::default();
+        }
+        match self.diff(&fresh, list_rv) {
+            Some(changes) => {
+                let mut outcome = Outcome::default();
+                let from = self.rv;
+                // A watcher already past the cache's RV (it resumed from
+                // an RV it got elsewhere: another process, a newer
+                // snapshot) holds a state the difference was not computed
+                // from: it is closed, and its client's re-watch goes
+                // upstream (`skipped`).
+                self.watchers.close_between(from, list_rv, &mut outcome);
+                if list_rv > from + 1 {
+                    self.skipped.push_back((from, list_rv));
+                }
+                for event in changes {
+                    let o = self.push(Arc::new(event), now);
+                    outcome.events += o.events;
+                    outcome.dispatched += o.dispatched;
+                    outcome.closed_slow += o.closed_slow;
+                    outcome.closed_overrun += o.closed_overrun;
+                }
+                self.progress(list_rv);
+                outcome
+            }
+            None => {
+                let mut outcome = Outcome::default();
+                self.watchers.reset(&mut outcome);
+                self.bytes = fresh.values().map(|o| o.heap_size()).sum();
+                self.objects = fresh;
+                self.history.clear();
+                self.history_at.clear();
+                self.skipped.clear();
+                self.rv = list_rv;
+                self.floor = list_rv;
+                outcome
+            }
+        }
+    }
+
+    /// The events that turn the cached state into `fresh`, sorted by RV,
+    /// or `None` when they cannot be given distinct RVs in
+    /// `(cache RV, list RV]`.
+    ///
+    /// An object changed upstream after the cache's RV becomes an event at
+    /// its own RV. Changes the cache should already hold but does not (an
+    /// object at or below the cache's RV that it lacks or holds at another
+    /// version: a divergence the consistency checker found) and deletions
+    /// (the apiserver does not say when they happened) take the free RVs
+    /// in `(cache RV, list RV]`, newest first; a deleted object is stamped
+    /// with its event's RV, as the apiserver stamps deletions, while a
+    /// missed version keeps its own RV: it is the object as upstream has
+    /// it, delivered late.
+    fn diff(&self, fresh: &Objects, list_rv: u64) -> Option<Vec<Event>> {
+        let mut changes: Vec<Event> = Vec::new();
+        // Missed versions: (kind, object, previous), given a free RV below.
+        let mut late: Vec<(EventType, Arc<CachedObject>, Option<Arc<CachedObject>>)> = Vec::new();
+        for (key, obj) in fresh {
+            let prev = self.objects.get(key);
+            if prev.is_some_and(|p| p.rv == obj.rv) {
+                continue;
+            }
+            if obj.rv > list_rv || prev.is_some_and(|p| p.rv > obj.rv) {
+                // Upstream went back in time (restored from a backup).
+                return None;
+            }
+            let kind = if prev.is_some() {
+                EventType::Modified
+            } else {
+                EventType::Added
+            };
+            if obj.rv > self.rv {
+                changes.push(Event::new(obj.rv, kind, obj.clone(), prev.cloned()));
+            } else {
+                late.push((kind, obj.clone(), prev.cloned()));
+            }
+        }
+        let used: HashSet<u64> = changes.iter().map(|e| e.rv).collect();
+        let gone: Vec<&Arc<CachedObject>> = self
+            .objects
+            .iter()
+            .filter(|(k, _)| !fresh.contains_key(*k))
+            .map(|(_, o)| o)
+            .collect();
+        let mut free = (self.rv + 1..=list_rv)
+            .rev()
+            .filter(|rv| !used.contains(rv));
+        let mut slots: Vec<u64> = Vec::with_capacity(late.len() + gone.len());
+        for _ in 0..late.len() + gone.len() {
+            slots.push(free.next()?);
+        }
+        slots.sort_unstable();
+        let (late_slots, gone_slots) = slots.split_at(late.len());
+        for ((kind, obj, prev), rv) in late.into_iter().zip(late_slots) {
+            changes.push(Event::new(*rv, kind, obj, prev));
+        }
+        for (prev, rv) in gone.into_iter().zip(gone_slots) {
+            let stamped = CachedObject::from_json(
+                &prev.with_resource_version(*rv),
+                self.settings.field_set,
+                self.settings.namespaced,
+            )
+            .ok()?;
+            changes.push(Event::new(
+                *rv,
+                EventType::Deleted,
+                Arc::new(stamped),
+                Some(prev.clone()),
+            ));
+        }
+        changes.sort_by_key(|e| e.rv);
+        Some(changes)
+    }
+
+    /// The state as it was at `rv`, reconstructed by undoing newer history
+    /// events; `None` when `rv` is outside `[floor, cache RV]`.
+    pub fn snapshot_at(&self, rv: u64) -> Option<Objects> {
+        if rv < self.floor || rv > self.rv || !self.synced || self.in_skipped(rv) {
+            return None;
+        }
+        let mut objects = self.objects.clone();
+        for event in self.history.iter().rev().take_while(|e| e.rv > rv) {
+            let key = event.object.key_arc().clone();
+            match (&event.kind, &event.prev) {
+                (EventType::Added, _) | (_, None) => {
+                    objects.remove(&key);
+                }
+                (_, Some(prev)) => {
+                    objects.insert(key, prev.clone());
+                }
+            }
+        }
+        Some(objects)
+    }
+
+    /// Whether `rv` lies strictly inside an interval the history skipped
+    /// (see `skipped`).
+    fn in_skipped(&self, rv: u64) -> bool {
+        self.skipped.iter().any(|(from, to)| rv > *from && rv < *to)
+    }
+
+    /// Registers a watcher.
+    ///
+    /// # Errors
+    /// [`TooOld`] when `start` is older than the history, or inside an
+    /// interval it skipped.
+    pub fn register(&mut self, filter: Arc<Filter>, start: Start) -> Result<Registration, TooOld> {
+        let (replay, snapshot, min_rv) = match start {
+            Start::After(rv) => {
+                if rv < self.floor || self.in_skipped(rv) {
+                    return Err(TooOld {
+                        requested: rv,
+                        floor: self.floor,
+                    });
+                }
+                let from = self.history.partition_point(|e| e.rv <= rv);
+                (self.history.range(from..).cloned().collect(), None, rv)
+            }
+            Start::Snapshot => (Vec::new(), Some((self.objects.clone(), self.rv)), self.rv),
+        };
+        let index = filter.index_key(self.settings.node_indexed, self.settings.namespaced);
+        let (id, rx, link) =
+            self.watchers
+                .register(filter, index, min_rv, self.settings.watcher_buffer);
+        Ok(Registration {
+            id,
+            rx,
+            link,
+            replay,
+            snapshot,
+            min_rv,
+        })
+    }
+
+    /// Removes a watcher (its stream ended).
+    pub fn unregister(&mut self, id: u64) {
+        self.watchers.unregister(id);
+    }
+
+    /// The next frames for a lagging watcher, at most `max`, read from the
+    /// history. When they reach the present, the watcher is live again:
+    /// deliveries resume through its buffer.
+    pub fn catch_up(&mut self, id: u64, max: usize, now: Instant) -> CatchUp {
+        self.watchers
+            .catch_up(id, max, now, &self.history, self.floor)
+    }
+
+    /// Drops every watcher (cache shutdown).
+    pub fn close_all(&mut self) {
+        self.watchers.close_all();
+    }
+
+    /// The distinct filters of the watchers and how many use each.
+    #[cfg(test)]
+    pub(super) fn filters(&self) -> &std::collections::HashMap<Arc<Filter>, usize> {
+        self.watchers.filters()
+    }
+}

@@ -1,0 +1,401 @@
+//! Tests of the store: dispatch through the index and shared filters,
+//! replay and `too old`, snapshots at older RVs, relists as events, and
+//! lagging, blocked and overrun watchers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use apimachinery::resource::FieldSet;
+use apimachinery::selector::LabelSelector;
+
+use crate::cache::event::EventType;
+use crate::cache::filter::Filter;
+use crate::cache::object::CachedObject;
+
+use super::state::{Registration, Settings, Start, State, TooOld};
+use super::watchers::{CatchUp, Delivery};
+
+fn settings(cap: usize, buffer: usize) -> Settings {
+    Settings {
+        history_capacity: cap,
+        history_max_age: Duration::from_secs(300),
+        watcher_buffer: buffer,
+        blocked_budget: Duration::from_secs(10),
+        node_indexed: true,
+        namespaced: true,
+        field_set: FieldSet::Pod,
+    }
+}
+
+fn pod(name: &str, rv: u64, node: &str, app: &str) -> CachedObject {
+    let json = format!(
+        r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}","labels":{{"app":"{app}"}}}},"spec":{{"nodeName":"{node}"}}}}"#
+    );
+    CachedObject::from_json(json.as_bytes(), FieldSet::Pod, true).unwrap()
+}
+
+fn all() -> Arc<Filter> {
+    Arc::new(Filter::default())
+}
+
+fn on_node(n: &str) -> Arc<Filter> {
+    Arc::new(Filter {
+        fields: apimachinery::selector::FieldSelector::parse(&format!("spec.nodeName={n}"))
+            .unwrap(),
+        ..Filter::default()
+    })
+}
+
+fn types(rx: &mut mpsc::Receiver<Delivery>) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Ok(d) = rx.try_recv() {
+        let frame = d
+            .event
+            .frame(d.which, crate::cache::negotiate::Representation::JSON, None)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
+        out.push(format!(
+            "{} {} {}",
+            v["type"].as_str().unwrap(),
+            v["object"]["metadata"]["name"].as_str().unwrap(),
+            d.rv
+        ));
+    }
+    out
+}
+
+fn synced(cap: usize, buffer: usize) -> State {
+    let mut s = State::new(settings(cap, buffer));
+    s.replace(
+        vec![pod("a", 5, "n1", "x"), pod("b", 6, "n2", "x")],
+        10,
+        Instant::now(),
+    );
+    s
+}
+
+#[test]
+fn dispatch_uses_the_node_index() {
+    let mut s = synced(100, 10);
+    let mut r1 = s.register(on_node("n1"), Start::After(10)).unwrap();
+    let mut r2 = s.register(on_node("n2"), Start::After(10)).unwrap();
+    let mut rall = s.register(all(), Start::After(10)).unwrap();
+    let now = Instant::now();
+    let o = s.apply(EventType::Modified, pod("a", 11, "n1", "y"), now);
+    assert_eq!(o.dispatched, 2);
+    assert_eq!(types(&mut r1.rx), vec!["MODIFIED a 11"]);
+    assert!(types(&mut r2.rx).is_empty());
+    assert_eq!(types(&mut rall.rx), vec!["MODIFIED a 11"]);
+    // Stale events are ignored.
+    assert!(
+        s.apply(EventType::Modified, pod("a", 11, "n1", "z"), now)
+            .stale
+    );
+    s.apply(EventType::Deleted, pod("b", 12, "n2", "x"), now);
+    assert_eq!(types(&mut r2.rx), vec!["DELETED b 12"]);
+    assert_eq!(s.objects().len(), 1);
+}
+
+#[test]
+fn watchers_with_equal_selectors_share_one_filter_and_each_get_the_event() {
+    let mut s = synced(100, 10);
+    let app = |v: &str| {
+        Arc::new(Filter {
+            labels: LabelSelector::parse(&format!("app={v}")).unwrap(),
+            ..Filter::default()
+        })
+    };
+    let mut xs: Vec<Registration> = (0..3)
+        .map(|_| s.register(app("x"), Start::After(10)).unwrap())
+        .collect();
+    let mut y = s.register(app("y"), Start::After(10)).unwrap();
+    assert_eq!(s.filters().len(), 2);
+    assert_eq!(s.filters().get(&app("x")), Some(&3));
+    // `a` leaves `app=x` for `app=y`: the three `x` watchers see it go,
+    // the `y` watcher sees it come.
+    let o = s.apply(EventType::Modified, pod("a", 11, "n1", "y"), Instant::now());
+    assert_eq!(o.dispatched, 4);
+    for r in &mut xs {
+        assert_eq!(types(&mut r.rx), vec!["DELETED a 11"]);
+    }
+    assert_eq!(types(&mut y.rx), vec!["ADDED a 11"]);
+    for r in &xs {
+        s.unregister(r.id);
+    }
+    assert_eq!(s.filters().len(), 1);
+    s.unregister(y.id);
+    assert!(s.filters().is_empty());
+}
+
+#[test]
+fn replay_and_too_old() {
+    let mut s = synced(2, 10);
+    let now = Instant::now();
+    for rv in 11..=14 {
+        s.apply(EventType::Modified, pod("a", rv, "n1", "x"), now);
+    }
+    // History holds 13, 14: resumable from 12.
+    assert_eq!(s.floor(), 12);
+    assert_eq!(
+        s.register(all(), Start::After(11)).unwrap_err(),
+        TooOld {
+            requested: 11,
+            floor: 12
+        }
+    );
+    let r = s.register(all(), Start::After(12)).unwrap();
+    assert_eq!(
+        r.replay.iter().map(|e| e.rv).collect::<Vec<_>>(),
+        vec![13, 14]
+    );
+    let r = s.register(all(), Start::After(99)).unwrap();
+    assert!(r.replay.is_empty());
+    assert_eq!(r.min_rv, 99);
+}
+
+#[test]
+fn snapshots_at_older_versions() {
+    let mut s = synced(100, 10);
+    let now = Instant::now();
+    s.apply(EventType::Added, pod("c", 11, "n1", "x"), now);
+    s.apply(EventType::Modified, pod("a", 12, "n1", "y"), now);
+    s.apply(EventType::Deleted, pod("b", 13, "n2", "x"), now);
+    let at = |rv| {
+        s.snapshot_at(rv)
+            .unwrap()
+            .values()
+            .map(|o| format!("{}@{}", o.name(), o.rv))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(at(10), vec!["a@5", "b@6"]);
+    assert_eq!(at(11), vec!["a@5", "b@6", "c@11"]);
+    assert_eq!(at(12), vec!["a@12", "b@6", "c@11"]);
+    assert_eq!(at(13), vec!["a@12", "c@11"]);
+    assert!(s.snapshot_at(9).is_none());
+    assert!(s.snapshot_at(14).is_none());
+}
+
+#[test]
+fn relist_becomes_events_with_distinct_rvs() {
+    let mut s = synced(100, 10);
+    let mut r = s.register(all(), Start::After(10)).unwrap();
+    // Upstream moved on to 20: a changed (rv 15), b gone, c new (rv 17).
+    let o = s.replace(
+        vec![pod("a", 15, "n1", "x"), pod("c", 17, "n1", "x")],
+        20,
+        Instant::now(),
+    );
+    assert_eq!(o.events, 3);
+    assert_eq!(o.closed_reset, 0);
+    assert_eq!(
+        types(&mut r.rx),
+        vec!["MODIFIED a 15", "ADDED c 17", "DELETED b 20"]
+    );
+    assert_eq!(s.rv(), 20);
+    // History stays continuous: resuming from 10 replays the diff.
+    let r2 = s.register(all(), Start::After(10)).unwrap();
+    assert_eq!(r2.replay.len(), 3);
+}
+
+#[test]
+fn relist_delivers_missed_versions_late_at_free_rvs() {
+    let mut s = synced(100, 10);
+    let mut r = s.register(all(), Start::After(10)).unwrap();
+    let now = Instant::now();
+    // The cache missed a's change at 8 and c's creation at 9 (below
+    // its RV, 10), then saw 11.
+    s.apply(EventType::Added, pod("d", 11, "n1", "x"), now);
+    assert_eq!(types(&mut r.rx), vec!["ADDED d 11"]);
+    let o = s.replace(
+        vec![
+            pod("a", 8, "n1", "x"),
+            pod("b", 6, "n2", "x"),
+            pod("c", 9, "n1", "x"),
+            pod("d", 11, "n1", "x"),
+        ],
+        14,
+        now,
+    );
+    assert_eq!(o.closed_reset, 0);
+    // Delivered at free RVs after 11, each object as upstream has it.
+    let frames: Vec<(u64, String, String)> = {
+        let mut out = Vec::new();
+        while let Ok(d) = r.rx.try_recv() {
+            let frame = d
+                .event
+                .frame(d.which, crate::cache::negotiate::Representation::JSON, None)
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&frame).unwrap();
+            out.push((
+                d.rv,
+                v["type"].as_str().unwrap().to_string(),
+                format!(
+                    "{}@{}",
+                    v["object"]["metadata"]["name"].as_str().unwrap(),
+                    v["object"]["metadata"]["resourceVersion"].as_str().unwrap()
+                ),
+            ));
+        }
+        out
+    };
+    assert_eq!(
+        frames,
+        vec![
+            (13, "MODIFIED".to_string(), "a@8".to_string()),
+            (14, "ADDED".to_string(), "c@9".to_string()),
+        ]
+    );
+    assert_eq!(s.rv(), 14);
+    let state: Vec<String> = s
+        .objects()
+        .values()
+        .map(|o| format!("{}@{}", o.name(), o.rv))
+        .collect();
+    assert_eq!(state, ["a@8", "b@6", "c@9", "d@11"]);
+    // No free RV left for a third: the cache resets.
+    let o = s.replace(vec![pod("e", 3, "n1", "x")], 14, now);
+    assert_eq!(o.closed_reset, 1);
+}
+
+#[test]
+fn a_relist_skips_the_rvs_between_and_closes_watchers_ahead_of_the_cache() {
+    // The cache is at 10 (a snapshot, say); a client resumes from 15,
+    // an RV it got from a process that was further on.
+    let mut s = synced(100, 10);
+    let ahead = s.register(all(), Start::After(15)).unwrap();
+    let mut behind = s.register(all(), Start::After(10)).unwrap();
+    // Upstream at 20: a changed at 12, b deleted (when? not said).
+    s.replace(vec![pod("a", 12, "n1", "x")], 20, Instant::now());
+    // The watcher at 15 held a state the difference was not made
+    // from: closed, and a re-watch from 15 is refused (it passes
+    // through upstream, which has the real history).
+    assert!(ahead.link.is_closed());
+    assert_eq!(types(&mut behind.rx), vec!["MODIFIED a 12", "DELETED b 20"]);
+    assert!(s.register(all(), Start::After(15)).is_err());
+    assert!(s.register(all(), Start::After(12)).is_err());
+    assert!(s.snapshot_at(15).is_none());
+    // From either end it is exact.
+    assert!(s.register(all(), Start::After(10)).is_ok());
+    assert!(s.register(all(), Start::After(20)).is_ok());
+    assert_eq!(s.snapshot_at(10).unwrap().len(), 2);
+    assert_eq!(s.snapshot_at(20).unwrap().len(), 1);
+}
+
+#[test]
+fn relist_that_cannot_be_expressed_resets() {
+    let mut s = synced(100, 10);
+    let r = s.register(all(), Start::After(10)).unwrap();
+    // Two deletions but only one free RV in (10, 11].
+    let o = s.replace(vec![], 11, Instant::now());
+    assert_eq!(o.closed_reset, 1);
+    assert!(r.link.is_closed());
+    assert_eq!(s.floor(), 11);
+    assert_eq!(s.objects().len(), 0);
+}
+
+#[test]
+fn full_buffer_lags_then_catches_up_from_history() {
+    let mut s = synced(100, 2);
+    let mut r = s.register(all(), Start::After(10)).unwrap();
+    let now = Instant::now();
+    for rv in 11..=15 {
+        s.apply(EventType::Modified, pod("a", rv, "n1", "x"), now);
+    }
+    assert!(r.link.is_lagging());
+    assert_eq!(types(&mut r.rx), vec!["MODIFIED a 11", "MODIFIED a 12"]);
+    let CatchUp::Frames { frames, done } = s.catch_up(r.id, 2, now) else {
+        panic!("closed");
+    };
+    assert_eq!(
+        frames.iter().map(|d| d.rv).collect::<Vec<_>>(),
+        vec![13, 14]
+    );
+    assert!(!done);
+    let CatchUp::Frames { frames, done } = s.catch_up(r.id, 2, now) else {
+        panic!("closed");
+    };
+    assert_eq!(frames.iter().map(|d| d.rv).collect::<Vec<_>>(), vec![15]);
+    assert!(done);
+    assert!(!r.link.is_lagging());
+    s.apply(EventType::Modified, pod("a", 16, "n1", "x"), now);
+    assert_eq!(types(&mut r.rx), vec!["MODIFIED a 16"]);
+}
+
+#[test]
+fn blocked_watcher_is_closed_after_budget_without_slowing_others() {
+    let mut s = synced(100, 1);
+    let slow = s.register(all(), Start::After(10)).unwrap();
+    let mut fast = s.register(all(), Start::After(10)).unwrap();
+    let t0 = Instant::now();
+    // Fast drains as it goes; slow never reads.
+    s.apply(EventType::Modified, pod("a", 11, "n1", "x"), t0);
+    assert_eq!(types(&mut fast.rx).len(), 1);
+    s.apply(EventType::Modified, pod("a", 12, "n1", "x"), t0);
+    assert_eq!(types(&mut fast.rx).len(), 1);
+    assert!(slow.link.is_lagging());
+    assert!(!fast.link.is_lagging());
+    let later = t0 + Duration::from_secs(11);
+    let o = s.apply(EventType::Modified, pod("a", 13, "n1", "x"), later);
+    assert_eq!(types(&mut fast.rx).len(), 1);
+    assert_eq!(o.closed_slow, 1);
+    assert!(slow.link.is_closed());
+    assert_eq!(s.watcher_count(), 1);
+}
+
+#[test]
+fn lagging_watcher_overrun_by_history_is_closed() {
+    let mut s = synced(3, 1);
+    let r = s.register(all(), Start::After(10)).unwrap();
+    let now = Instant::now();
+    for rv in 11..=20 {
+        s.apply(EventType::Modified, pod("a", rv, "n1", "x"), now);
+    }
+    assert!(r.link.is_closed());
+    assert!(matches!(s.catch_up(r.id, 10, now), CatchUp::Closed));
+}
+
+#[test]
+fn history_is_bounded_by_age() {
+    let mut s = synced(100, 10);
+    let t0 = Instant::now();
+    s.apply(EventType::Modified, pod("a", 11, "n1", "x"), t0);
+    s.apply(
+        EventType::Modified,
+        pod("a", 12, "n1", "x"),
+        t0 + Duration::from_secs(200),
+    );
+    assert_eq!(s.history_len(), 2);
+    assert!(s.register(all(), Start::After(10)).is_ok());
+    // 301 s after the first: it leaves; the second (101 s old) stays.
+    s.apply(
+        EventType::Modified,
+        pod("a", 13, "n1", "x"),
+        t0 + Duration::from_secs(301),
+    );
+    assert_eq!(s.history_len(), 2);
+    assert_eq!(
+        s.register(all(), Start::After(10)).unwrap_err(),
+        TooOld {
+            requested: 10,
+            floor: 11
+        }
+    );
+    let r = s.register(all(), Start::After(11)).unwrap();
+    assert_eq!(r.replay.iter().map(|e| e.rv).collect::<Vec<_>>(), [12, 13]);
+}
+
+#[test]
+fn label_transitions_through_store() {
+    let mut s = synced(100, 10);
+    let f = Arc::new(Filter {
+        labels: LabelSelector::parse("app=y").unwrap(),
+        ..Filter::default()
+    });
+    let mut r = s.register(f, Start::After(10)).unwrap();
+    let now = Instant::now();
+    s.apply(EventType::Modified, pod("a", 11, "n1", "y"), now);
+    s.apply(EventType::Modified, pod("a", 12, "n1", "x"), now);
+    assert_eq!(types(&mut r.rx), vec!["ADDED a 11", "DELETED a 12"]);
+}
