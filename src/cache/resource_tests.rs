@@ -1,0 +1,181 @@
+//! Tests of one resource's watch cache, and the test caches other
+//! modules' tests build on.
+
+use super::*;
+use crate::cache::metrics::CacheMetrics;
+use std::sync::Arc;
+
+pub(crate) fn test_cache() -> ResourceCache {
+    test_cache_in(&prometheus::Registry::new())
+}
+
+/// A test cache whose metrics are registered in `registry`.
+fn test_cache_in(registry: &prometheus::Registry) -> ResourceCache {
+    let metrics = CacheMetrics::new(registry).unwrap();
+    ResourceCache::new(
+        ResourceInfo {
+            gvr: Gvr {
+                group: String::new(),
+                version: "v1".into(),
+                resource: "configmaps".into(),
+            },
+            kind: "ConfigMap".into(),
+            api_version: "v1".into(),
+            namespaced: true,
+            field_set: FieldSet::Default,
+            strip_item_type_meta: true,
+            scope: FieldSelector::default(),
+            reads_as: None,
+            codec: None,
+        },
+        Settings {
+            history_capacity: 100,
+            history_max_age: Duration::from_secs(300),
+            watcher_buffer: 10,
+            blocked_budget: Duration::from_secs(10),
+            node_indexed: false,
+            namespaced: true,
+            field_set: FieldSet::Default,
+        },
+        ReadSettings {
+            bookmark_interval: Duration::from_secs(60),
+            min_request_timeout: Duration::from_secs(1800),
+            consistent_list_wait: Duration::from_millis(250),
+            large_list_objects: 0,
+            large_list_wait: Duration::from_secs(3),
+            consistent_watch_wait: Duration::from_secs(3),
+            not_older_than_wait: Duration::from_secs(3),
+            ready_wait: Duration::from_secs(5),
+        },
+        metrics.resource("", "configmaps"),
+    )
+}
+
+#[test]
+fn bookmark_matches_recording() {
+    let c = test_cache();
+    assert_eq!(
+        std::str::from_utf8(&c.bookmark_frame(339, true, Representation::JSON).unwrap()).unwrap(),
+        "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"339\",\"annotations\":{\"k8s.io/initial-events-end\":\"true\"}}}}\n"
+    );
+    c.set_bookmark_template(br#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"5","creationTimestamp":null}}"#);
+    assert_eq!(
+        std::str::from_utf8(&c.bookmark_frame(7, false, Representation::JSON).unwrap()).unwrap(),
+        "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"7\",\"creationTimestamp\":null}}}\n"
+    );
+}
+
+#[tokio::test]
+async fn probes_are_shared_only_when_they_started_after_arrival() {
+    let c = test_cache();
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let start = |calls: Arc<std::sync::atomic::AtomicU32>| {
+        move || -> BoxFuture<'static, Result<u64, String>> {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(42)
+            }
+            .boxed()
+        }
+    };
+    let before = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (a, b) = tokio::join!(
+        c.upstream_rv(before, start(calls.clone())),
+        c.upstream_rv(before, start(calls.clone()))
+    );
+    assert_eq!((a, b), (Ok(42), Ok(42)));
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "coalesced"
+    );
+    // A request arriving after that probe started needs a new one.
+    let later = Instant::now();
+    assert_eq!(c.upstream_rv(later, start(calls.clone())).await, Ok(42));
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn one_probe_in_flight_and_one_queued() {
+    let registry = prometheus::Registry::new();
+    let c = Arc::new(test_cache_in(&registry));
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let start = |calls: Arc<std::sync::atomic::AtomicU32>| {
+        move || -> BoxFuture<'static, Result<u64, String>> {
+            async move {
+                let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(u64::from(n) + 1)
+            }
+            .boxed()
+        }
+    };
+    // The first request starts a probe.
+    let first = {
+        let (c, calls) = (c.clone(), calls.clone());
+        tokio::spawn(async move { c.upstream_rv(Instant::now(), start(calls)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Requests arriving while it is in flight all share the next one,
+    // which starts when the first ends.
+    let mut later = Vec::new();
+    for _ in 0..50 {
+        let (c, calls) = (c.clone(), calls.clone());
+        later.push(tokio::spawn(async move {
+            c.upstream_rv(Instant::now(), start(calls)).await
+        }));
+    }
+    assert_eq!(first.await.unwrap(), Ok(1));
+    for l in later {
+        assert_eq!(l.await.unwrap(), Ok(2));
+    }
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // The metric counts upstream probes, not the requests sharing them.
+    let probes: f64 = registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "kube_cache_proxy_cache_consistency_probes_total")
+        .flat_map(|f| f.get_metric())
+        .filter(|m| m.get_label().iter().any(|l| l.value() == "ok"))
+        .map(|m| m.get_counter().get_value())
+        .sum();
+    assert_eq!(probes, 2.0);
+}
+
+#[tokio::test]
+async fn reads_wait_while_a_resumed_cache_catches_up() {
+    let c = Arc::new(test_cache());
+    c.replace(Vec::new(), 10);
+    assert!(c.wait_current(Duration::ZERO).await);
+    c.set_resumed(Resumed::CatchingUp);
+    assert!(!c.wait_current(Duration::from_millis(20)).await);
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move { c.wait_current(Duration::from_secs(2)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    c.set_resumed(Resumed::Current);
+    assert!(waiter.await.unwrap());
+    // Upstream unreachable: the snapshot is served.
+    c.set_resumed(Resumed::Unreachable);
+    assert!(c.wait_current(Duration::ZERO).await);
+}
+
+#[tokio::test]
+async fn wait_fresh_wakes_on_progress() {
+    let c = Arc::new(test_cache());
+    c.replace(Vec::new(), 10);
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move { c.wait_fresh(20, Duration::from_secs(2), "consistent").await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    c.progress(20);
+    assert!(waiter.await.unwrap());
+    assert!(
+        !c.wait_fresh(30, Duration::from_millis(20), "consistent")
+            .await
+    );
+}
