@@ -37,13 +37,14 @@ use kube_testenv::{AssetsError, ControlPlane, Options};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{Proto, Target};
+use crate::common::load::{LoadOut, Meters, load};
+use crate::common::target::{Encoding, encode_query, list_rv};
+use crate::common::watchers::{Counters, open_watchers, wait_started};
+use crate::common::writers::{MANAGED_BY, WriteOut, WriterPlan, writer};
 use crate::env::{RunningProxy, Tuning, temp_dir};
+use crate::metrics;
 use crate::real::{Skip, seed};
 use crate::stats::{self, Summary, micros};
-use crate::{
-    Counters, Encoding, LoadOut, MANAGED_BY, Meters, WriteOut, WriterPlan, encode_query, list_rv,
-    load, metrics, open_watchers, wait_started, writer,
-};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CompareArgs {
