@@ -9,7 +9,9 @@
 // clients come in through `server`, are authenticated and authorized by
 // `auth`, are answered from `cache` or passed to `upstream`, the
 // apiserver's side; `component` makes it a Kubernetes component
-// (configuration, CLI, logging, metrics, admin endpoints, readiness).
+// (configuration, CLI, logging, metrics, readiness, certificate files);
+// `admin` serves operators (health, metrics, the caches' status).
+pub mod admin;
 pub mod auth;
 pub mod cache;
 pub mod component;
@@ -25,7 +27,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::component::admin::Admin;
+use crate::admin::Admin;
 use crate::component::config::Config;
 use crate::component::metrics::Metrics;
 use crate::component::ready::Readiness;
@@ -50,7 +52,7 @@ pub enum RunError {
     Config(#[from] component::config::ConfigError),
     /// The serving certificate or client CA could not be loaded.
     #[error("TLS: {0}")]
-    Tls(#[from] server::tls::TlsError),
+    Tls(#[from] component::certs::TlsError),
     /// The upstream configuration could not be loaded.
     #[error("upstream: {0}")]
     Upstream(#[from] upstream::UpstreamError),
@@ -273,7 +275,12 @@ pub async fn run(
     // With tls.csr, the certificate is the one the proxy obtains itself.
     let csr = upstream::csr::CsrManager::new(&config)?;
     let tls = match &csr {
-        Some(csr) => csr.server_tls(&config.tls)?,
+        Some(csr) => ServerTls::with_initial(
+            &config.tls,
+            csr.current_file().to_path_buf(),
+            csr.current_file().to_path_buf(),
+            csr.initial(),
+        )?,
         None => ServerTls::load(&config.tls)?,
     };
     let kube_config = upstream::load_kube_config(
@@ -392,7 +399,7 @@ pub async fn run(
         upstream: Some(upstream.clone()),
     };
     if let Some(csr) = csr {
-        csr.spawn(&upstream, &tls, &readiness, &token);
+        csr.spawn(&upstream, Arc::new(tls.clone()), &readiness, &token);
     }
 
     let mut cache_config = config.cache.clone();
@@ -441,7 +448,7 @@ pub async fn run(
     };
     let metrics_server = match metrics_listener {
         Some(listener) => {
-            let metrics_listener = component::metrics_listener::MetricsListener {
+            let metrics_listener = admin::metrics_listener::MetricsListener {
                 // Beyond the node: metrics and health only.
                 admin: Admin {
                     metrics: metrics.clone(),

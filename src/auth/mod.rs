@@ -64,7 +64,7 @@ pub enum Credential {
 /// its caller, as the apiserver's protocol authenticator reads them
 /// (`staging/src/k8s.io/apiserver/pkg/authentication/request/websocket/
 /// protocol.go`), for requests that are WebSocket requests
-/// ([`crate::server::websocket::is_websocket_request`]): every header's
+/// ([`apimachinery::request::is_websocket_request`]): every header's
 /// comma-separated, trimmed subprotocols; one of them may be
 /// `base64url.bearer.authorization.k8s.io.<token, base64url without
 /// padding>`. It runs after the client certificate and the
@@ -268,7 +268,7 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<String> {
 /// for a WebSocket request one in its subprotocols.
 pub fn request_token(headers: &HeaderMap) -> Option<String> {
     bearer_token(headers).or_else(|| {
-        if !crate::server::websocket::is_websocket_request(headers) {
+        if !apimachinery::request::is_websocket_request(headers) {
             return None;
         }
         match ProtocolToken::of(headers) {

@@ -166,7 +166,7 @@ impl Handler {
         info: &RequestInfo,
         conn: &ConnInfo,
     ) -> (Response<Body>, Source) {
-        let websocket = crate::server::websocket::is_websocket_request(req.headers());
+        let websocket = apimachinery::request::is_websocket_request(req.headers());
         let credential = match Credential::of(&conn.cert, req.headers(), websocket) {
             Ok(Credential::None) if !self.auth.anonymous_enabled() => None,
             Ok(credential) => Some(credential),

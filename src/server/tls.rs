@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 pub use apimachinery::x509::AnyClientCert;
 use parking_lot::RwLock;
@@ -13,30 +13,11 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::CertificateDer;
 
+use crate::component::certs::{Stamp, read_certified_key, read_certs, spawn_every, stamp};
+pub use crate::component::certs::{TlsError, provider};
 use crate::component::config::{TlsConfig, TlsVersion};
-
-/// A TLS configuration error, naming the file.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    /// A PEM file could not be read or holds no usable item.
-    #[error("{path}: {message}")]
-    File { path: PathBuf, message: String },
-    /// rustls rejected the material (key does not match certificate...).
-    #[error("{path}: {source}")]
-    Rustls {
-        path: PathBuf,
-        #[source]
-        source: rustls::Error,
-    },
-}
-
-/// The crypto provider used everywhere (ring).
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
 
 /// Downstream TLS state: the rustls config handed to the acceptor plus the
 /// reloadable parts behind it.
@@ -180,69 +161,10 @@ impl ServerTls {
     }
 }
 
-/// Spawns a task that calls `f` every `interval` (the first time at once)
-/// until `shutdown` is cancelled: the file-reload loops.
-pub(crate) fn spawn_every(
-    interval: Duration,
-    shutdown: tokio_util::sync::CancellationToken,
-    mut f: impl FnMut() + Send + 'static,
-) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = tick.tick() => f(),
-            }
-        }
-    });
-}
-
-/// (modification time, length) of a file, to notice replacement.
-pub(crate) type Stamp = Option<(SystemTime, u64)>;
-
-pub(crate) fn stamp(path: &Path) -> Stamp {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
-}
-
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| TlsError::File {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::File {
-            path: path.to_path_buf(),
-            message: "no PEM certificate found".into(),
-        });
+impl crate::component::certs::ReloadNow for ServerTls {
+    fn reload_now(&self) -> Result<(), TlsError> {
+        ServerTls::reload_now(self)
     }
-    Ok(certs)
-}
-
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| TlsError::File {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
-}
-
-/// A certificate chain and the private key that matches its leaf, from PEM
-/// files (which may be one and the same file).
-pub(crate) fn read_certified_key(
-    cert_file: &Path,
-    key_file: &Path,
-    provider: &CryptoProvider,
-) -> Result<CertifiedKey, TlsError> {
-    let certs = read_certs(cert_file)?;
-    let key = read_key(key_file)?;
-    CertifiedKey::from_der(certs, key, provider).map_err(|source| TlsError::Rustls {
-        path: key_file.to_path_buf(),
-        source,
-    })
 }
 
 /// The serving certificate, swapped atomically on reload.
@@ -388,6 +310,8 @@ impl ReloadingClientCa {
 mod tests {
     use super::*;
     use apimachinery::pki::Ca;
+    use rustls_pki_types::PrivateKeyDer;
+    use rustls_pki_types::pem::PemObject;
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
         let p = dir.join(name);

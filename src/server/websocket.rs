@@ -58,6 +58,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 
 use apimachinery::body::{self, Body};
+use apimachinery::request::contains_upgrade;
+pub use apimachinery::request::is_websocket_request;
 
 /// `x/net/websocket`'s `DefaultMaxPayloadBytes`: the largest message it
 /// reads from a client.
@@ -65,26 +67,6 @@ const MAX_PAYLOAD: usize = 32 << 20;
 
 /// How long closing the connection may take once the watch ended.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// `wsstream.IsWebSocketRequest`: the first `Upgrade` header is
-/// `websocket` (any case) and some `Connection` header contains `upgrade`
-/// (any case, as a substring).
-pub fn is_websocket_request(headers: &HeaderMap) -> bool {
-    let upgrade = headers
-        .get(header::UPGRADE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
-    upgrade
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| contains_upgrade(v.as_bytes()))
-}
-
-fn contains_upgrade(v: &[u8]) -> bool {
-    v.to_ascii_lowercase()
-        .windows(b"upgrade".len())
-        .any(|w| w == b"upgrade")
-}
 
 /// A first header value as Go's `Header.Get` returns it (bytes as a
 /// string; empty when absent).

@@ -20,7 +20,7 @@ use tower::util::BoxCloneSyncService;
 
 use super::error::UpstreamError;
 use super::pool::Transport;
-use crate::server::tls::{Stamp, stamp};
+use crate::component::certs::{Stamp, stamp};
 use apimachinery::body::BoxError;
 
 /// Which credentials a request carries upstream.
@@ -202,7 +202,11 @@ impl Site {
             return false;
         }
         let provider = self.proxy_tls.crypto_provider().clone();
-        let key = match crate::server::tls::read_certified_key(&files.cert, &files.key, &provider) {
+        let key = match crate::component::certs::read_certified_key(
+            &files.cert,
+            &files.key,
+            &provider,
+        ) {
             Ok(key) => key,
             Err(error) => {
                 tracing::warn!(%error, "upstream client certificate changed but could not be loaded; keeping the previous one");
@@ -240,7 +244,7 @@ impl Site {
             return;
         }
         let this = self.clone();
-        crate::server::tls::spawn_every(interval, shutdown, move || {
+        crate::component::certs::spawn_every(interval, shutdown, move || {
             this.reload_client_certificate_if_changed();
         });
     }

@@ -249,6 +249,27 @@ pub fn path_segment_name_errors(name: &str) -> Vec<String> {
         .collect()
 }
 
+/// `wsstream.IsWebSocketRequest`: the first `Upgrade` header is
+/// `websocket` (any case) and some `Connection` header contains `upgrade`
+/// (any case, as a substring).
+pub fn is_websocket_request(headers: &http::HeaderMap) -> bool {
+    let upgrade = headers
+        .get(http::header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    upgrade
+        && headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .any(|v| contains_upgrade(v.as_bytes()))
+}
+
+/// Whether a `Connection` header value contains `upgrade` (any case).
+pub fn contains_upgrade(v: &[u8]) -> bool {
+    v.to_ascii_lowercase()
+        .windows(b"upgrade".len())
+        .any(|w| w == b"upgrade")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

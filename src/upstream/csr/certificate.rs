@@ -157,7 +157,7 @@ pub(super) fn parse_pair(pem: &[u8]) -> Result<(LeafInfo, CertifiedKey), String>
     let leaf = chain.first().ok_or("no PEM certificate")?;
     let info = LeafInfo::parse(leaf)?;
     let key = PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("private key: {e}"))?;
-    let certified = CertifiedKey::from_der(chain, key, &crate::server::tls::provider())
+    let certified = CertifiedKey::from_der(chain, key, &crate::component::certs::provider())
         .map_err(|e| e.to_string())?;
     Ok((info, certified))
 }
@@ -188,7 +188,7 @@ pub(super) fn temporary(template: &Template) -> Result<CertifiedKey, String> {
     CertifiedKey::from_der(
         vec![cert.der().clone()],
         key_der,
-        &crate::server::tls::provider(),
+        &crate::component::certs::provider(),
     )
     .map_err(|e| e.to_string())
 }

@@ -5,19 +5,21 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use parking_lot::Mutex;
 use rcgen::KeyPair;
+
 use rustls::sign::CertifiedKey;
 use tokio_util::sync::CancellationToken;
 
 use super::certificate::{LeafInfo, Template, parse_pair, temporary, timestamp, unix_now};
 use super::state::{CURRENT_FILE, PENDING_KEY_FILE, ensure_dir, load_current, write_atomic};
-use crate::component::config::{Config, TlsConfig};
+use crate::component::certs::{ReloadNow, TlsError};
+use crate::component::config::Config;
 use crate::component::ready::Readiness;
-use crate::server::tls::{ServerTls, TlsError};
 use crate::upstream::Upstream;
 
 /// The readiness check that fails until an issued certificate is served.
@@ -192,32 +194,31 @@ impl CsrManager {
         }))
     }
 
-    /// The downstream TLS state, serving the issued certificate found on
-    /// disk or the temporary one, and reloading the issued certificate's file.
-    ///
-    /// # Errors
-    /// [`TlsError`] when the client CA cannot be loaded.
-    pub fn server_tls(&self, tls: &TlsConfig) -> Result<ServerTls, TlsError> {
-        ServerTls::with_initial(
-            tls,
-            self.current_file.clone(),
-            self.current_file.clone(),
-            self.initial.clone(),
-        )
+    /// Where the issued certificate and its key are kept (one PEM file),
+    /// for the server to serve and reload.
+    pub fn current_file(&self) -> &std::path::Path {
+        &self.current_file
     }
+
+    /// What to serve until the files hold an issued certificate: the one
+    /// found on disk, or a temporary self-signed one.
+    pub fn initial(&self) -> CertifiedKey {
+        self.initial.clone()
+    }
+
     /// Registers the `serving-certificate` readiness check and spawns the
     /// task that obtains and renews the certificate, until `shutdown`.
     pub fn spawn(
         self,
         upstream: &Upstream,
-        tls: &ServerTls,
+        tls: Arc<dyn ReloadNow>,
         readiness: &Readiness,
         shutdown: &CancellationToken,
     ) {
         let task = Task {
             manager: self,
             upstream: upstream.clone(),
-            tls: tls.clone(),
+            tls,
             readiness: readiness.clone(),
             note: Mutex::new("no CSR created yet".to_string()),
         };
@@ -236,7 +237,8 @@ impl CsrManager {
 pub(super) struct Task {
     pub(super) manager: CsrManager,
     pub(super) upstream: Upstream,
-    tls: ServerTls,
+    /// The server's certificate, told to reload once the files are written.
+    tls: Arc<dyn ReloadNow>,
     readiness: Readiness,
     /// What is going on, for the readiness reason.
     note: Mutex<String>,

@@ -29,9 +29,9 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::endpoints::Admin;
 use crate::auth::access::{Attributes, Decision, forbidden};
 use crate::auth::{Auth, AuthFailure, ClientCertificate, Credential};
-use crate::component::admin::Admin;
 use crate::server::serve::client_certificate;
 use crate::server::tls::ServerTls;
 use apimachinery::body::Body;

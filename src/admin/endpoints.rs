@@ -4,7 +4,7 @@
 //! [`crate::cache::status`]). It never serves cluster data, and,
 //! unauthenticated, listens on loopback only (`adminListen`); metrics and
 //! health beyond the node are the metrics listener's
-//! ([`crate::component::metrics_listener`]).
+//! ([`crate::admin::metrics_listener`]).
 //!
 //! Health bodies follow kube-apiserver's format: `ok`, or with `?verbose`
 //! one `[+]check ok` / `[-]check failed: reason` line per check and a
