@@ -96,23 +96,29 @@ fn cm(name: &str, v: &str) -> ConfigMap {
     .unwrap()
 }
 
-/// With `a` already there: creates `b`, updates `a`, creates `c`, deletes
-/// `b`, updates `c`, directly; returns the final state, name → RV.
-async fn write_sequence(api: &Api<ConfigMap>) -> BTreeMap<String, String> {
-    let update = |name: &'static str| async move {
-        let mut o = api.get(name).await.unwrap();
-        o.data = Some([("v".to_string(), "2".to_string())].into());
-        api.replace(name, &PostParams::default(), &o).await.unwrap();
-    };
+/// Replaces `name`'s data with `v: 2`, directly.
+async fn update(api: &Api<ConfigMap>, name: &str) {
+    let mut o = api.get(name).await.unwrap();
+    o.data = Some([("v".to_string(), "2".to_string())].into());
+    api.replace(name, &PostParams::default(), &o).await.unwrap();
+}
+
+/// With `a` already there: creates `b` and updates `a`, directly.
+async fn write_first_half(api: &Api<ConfigMap>) {
     api.create(&PostParams::default(), &cm("b", "1"))
         .await
         .unwrap();
-    update("a").await;
+    update(api, "a").await;
+}
+
+/// Then creates `c`, deletes `b` and updates `c`, directly; returns the
+/// final state, name → RV.
+async fn write_second_half(api: &Api<ConfigMap>) -> BTreeMap<String, String> {
     api.create(&PostParams::default(), &cm("c", "1"))
         .await
         .unwrap();
     api.delete("b", &DeleteParams::default()).await.unwrap();
-    update("c").await;
+    update(api, "c").await;
     let truth: BTreeMap<String, String> = api
         .list(&Default::default())
         .await
@@ -128,6 +134,97 @@ async fn write_sequence(api: &Api<ConfigMap>) -> BTreeMap<String, String> {
         .collect();
     assert_eq!(truth.keys().collect::<Vec<_>>(), ["a", "c"]);
     truth
+}
+
+/// Both halves: five changes.
+async fn write_sequence(api: &Api<ConfigMap>) -> BTreeMap<String, String> {
+    write_first_half(api).await;
+    write_second_half(api).await
+}
+
+/// A watcher of the matrix: which side, streaming lists or not, and what
+/// it reflects.
+type Watcher = (&'static str, bool, Reflected);
+
+/// In a fresh namespace with configmap `a`: kube-rs watchers through the
+/// proxy and directly, with streaming lists and with list-then-watch, each
+/// synced; the direct API to write with.
+async fn watchers_on_both_sides(env: &RealEnv, ns: &str) -> (Api<ConfigMap>, Vec<Watcher>) {
+    let ns = env.namespace(ns).await;
+    let admin = env.cp.admin();
+    let direct = client(&env.cp.kubeconfig_text(&env.cp.url(), "admin", admin)).await;
+    let proxied = client(&apimachinery::kubeconfig::with_certificate(
+        &env.proxy_url,
+        &env.proxy_ca_pem,
+        "admin",
+        &admin.cert_pem,
+        &admin.key_pem,
+    ))
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(direct.clone(), &ns);
+    api.create(&PostParams::default(), &cm("a", "1"))
+        .await
+        .unwrap();
+    let mut watchers = Vec::new();
+    for (side, c) in [("proxy", &proxied), ("direct", &direct)] {
+        for streaming in [true, false] {
+            let r = reflect(c.clone(), &ns, streaming);
+            tokio::time::timeout(Duration::from_secs(30), r.store.wait_until_ready())
+                .await
+                .unwrap_or_else(|_| panic!("{side} streaming={streaming}: no initial state"))
+                .unwrap();
+            r.seen.lock().unwrap().clear();
+            watchers.push((side, streaming, r));
+        }
+    }
+    (api, watchers)
+}
+
+/// Every watcher ends with `truth`, having seen the same five changes in
+/// the same order with the same resourceVersions, with no watch error.
+async fn assert_same_changes(watchers: Vec<Watcher>, truth: &BTreeMap<String, String>, when: &str) {
+    for (side, streaming, r) in &watchers {
+        eventually(Duration::from_secs(30), "the final state", || {
+            let s = state(&r.store);
+            let truth = truth.clone();
+            async move { (s == truth).then_some(()) }
+        })
+        .await;
+        println!(
+            "kube-rs watcher ({side}, streaming lists: {streaming}){when}: final state as the \
+             apiserver's"
+        );
+    }
+    let seen: Vec<_> = watchers
+        .iter()
+        .map(|(side, streaming, r)| (*side, *streaming, r.seen.lock().unwrap().clone()))
+        .collect();
+    let expected = &seen[2].2;
+    assert_eq!(
+        expected
+            .iter()
+            .map(|(c, n, _)| (*c, n.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("apply", "b"),
+            ("apply", "a"),
+            ("apply", "c"),
+            ("delete", "b"),
+            ("apply", "c")
+        ],
+        "direct, streaming lists"
+    );
+    for (side, streaming, s) in &seen {
+        assert_eq!(s, expected, "{side}, streaming lists: {streaming}");
+    }
+    for (side, streaming, r) in watchers {
+        assert!(
+            r.errors.lock().unwrap().is_empty(),
+            "{side}, streaming lists: {streaming}: {:?}",
+            r.errors.lock().unwrap()
+        );
+        r.task.abort();
+    }
 }
 
 /// Watches of configmaps the proxy has served from its cache.
@@ -162,83 +259,12 @@ async fn kube_rs_watchers_end_identical_through_the_proxy_and_directly() {
     let Some(env) = RealEnv::start_with(support::cache_configmaps).await else {
         return;
     };
-    let ns = env.namespace("clients-kube-rs").await;
-    let admin = env.cp.admin();
-    let direct = client(&env.cp.kubeconfig_text(&env.cp.url(), "admin", admin)).await;
-    let proxied = client(&apimachinery::kubeconfig::with_certificate(
-        &env.proxy_url,
-        &env.proxy_ca_pem,
-        "admin",
-        &admin.cert_pem,
-        &admin.key_pem,
-    ))
-    .await;
-    let api: Api<ConfigMap> = Api::namespaced(direct.clone(), &ns);
-    api.create(&PostParams::default(), &cm("a", "1"))
-        .await
-        .unwrap();
-
-    let mut watchers = Vec::new();
-    for (side, c) in [("proxy", &proxied), ("direct", &direct)] {
-        for streaming in [true, false] {
-            let r = reflect(c.clone(), &ns, streaming);
-            tokio::time::timeout(Duration::from_secs(30), r.store.wait_until_ready())
-                .await
-                .unwrap_or_else(|_| panic!("{side} streaming={streaming}: no initial state"))
-                .unwrap();
-            r.seen.lock().unwrap().clear();
-            watchers.push((side, streaming, r));
-        }
-    }
-
+    let (api, watchers) = watchers_on_both_sides(&env, "clients-kube-rs").await;
     let truth = write_sequence(&api).await;
-
-    for (side, streaming, r) in &watchers {
-        eventually(Duration::from_secs(20), "the final state", || {
-            let s = state(&r.store);
-            let truth = truth.clone();
-            async move { (s == truth).then_some(()) }
-        })
-        .await;
-        println!(
-            "kube-rs watcher ({side}, streaming lists: {streaming}): final state as the apiserver's"
-        );
-    }
-    // Every watcher saw the same five changes, in the same order, with the
-    // same resourceVersions.
-    let seen: Vec<_> = watchers
-        .iter()
-        .map(|(side, streaming, r)| (*side, *streaming, r.seen.lock().unwrap().clone()))
-        .collect();
-    let expected = &seen[2].2;
-    assert_eq!(
-        expected
-            .iter()
-            .map(|(c, n, _)| (*c, n.as_str()))
-            .collect::<Vec<_>>(),
-        [
-            ("apply", "b"),
-            ("apply", "a"),
-            ("apply", "c"),
-            ("delete", "b"),
-            ("apply", "c")
-        ],
-        "direct, streaming lists"
-    );
-    for (side, streaming, s) in &seen {
-        assert_eq!(s, expected, "{side}, streaming lists: {streaming}");
-    }
+    assert_same_changes(watchers, &truth, "").await;
     // The proxy's watchers were served from its cache, not passed through.
     let served = configmap_watches_from_the_cache(&env).await;
     assert!(served >= 2.0, "{served} watches served from the cache");
-    for (side, streaming, r) in watchers {
-        assert!(
-            r.errors.lock().unwrap().is_empty(),
-            "{side}, streaming lists: {streaming}: {:?}",
-            r.errors.lock().unwrap()
-        );
-        r.task.abort();
-    }
 }
 
 /// A free port on the loopback.
@@ -264,47 +290,10 @@ async fn kube_rs_watchers_see_every_change_once_across_a_proxy_takeover() {
     else {
         return;
     };
-    let ns = env.namespace("clients-takeover").await;
-    let admin = env.cp.admin();
-    let direct = client(&env.cp.kubeconfig_text(&env.cp.url(), "admin", admin)).await;
-    let proxied = client(&apimachinery::kubeconfig::with_certificate(
-        &env.proxy_url,
-        &env.proxy_ca_pem,
-        "admin",
-        &admin.cert_pem,
-        &admin.key_pem,
-    ))
-    .await;
-    let api: Api<ConfigMap> = Api::namespaced(direct.clone(), &ns);
-    api.create(&PostParams::default(), &cm("a", "1"))
-        .await
-        .unwrap();
-    let mut watchers = Vec::new();
-    for (side, c) in [("proxy", &proxied), ("direct", &direct)] {
-        for streaming in [true, false] {
-            let r = reflect(c.clone(), &ns, streaming);
-            tokio::time::timeout(Duration::from_secs(30), r.store.wait_until_ready())
-                .await
-                .unwrap_or_else(|_| panic!("{side} streaming={streaming}: no initial state"))
-                .unwrap();
-            r.seen.lock().unwrap().clear();
-            watchers.push((side, streaming, r));
-        }
-    }
-    let update = |name: &'static str| {
-        let api = api.clone();
-        async move {
-            let mut o = api.get(name).await.unwrap();
-            o.data = Some([("v".to_string(), "2".to_string())].into());
-            api.replace(name, &PostParams::default(), &o).await.unwrap();
-        }
-    };
+    let (api, watchers) = watchers_on_both_sides(&env, "clients-takeover").await;
 
     // Before the takeover: a create and an update.
-    api.create(&PostParams::default(), &cm("b", "1"))
-        .await
-        .unwrap();
-    update("a").await;
+    write_first_half(&api).await;
     // A second proxy takes the listening sockets over; the first drains
     // (its watches end) and idles until stopped (as a static pod would, so
     // that kubelet does not restart it); the watchers re-watch from their
@@ -319,62 +308,9 @@ async fn kube_rs_watchers_see_every_change_once_across_a_proxy_takeover() {
         started.elapsed()
     );
     // After: a create, a delete, an update.
-    api.create(&PostParams::default(), &cm("c", "1"))
-        .await
-        .unwrap();
-    api.delete("b", &DeleteParams::default()).await.unwrap();
-    update("c").await;
-    let truth: BTreeMap<String, String> = api
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|o| {
-            (
-                o.metadata.name.clone().unwrap(),
-                o.metadata.resource_version.clone().unwrap(),
-            )
-        })
-        .collect();
-
-    for (side, streaming, r) in &watchers {
-        eventually(Duration::from_secs(30), "the final state", || {
-            let s = state(&r.store);
-            let truth = truth.clone();
-            async move { (s == truth).then_some(()) }
-        })
-        .await;
-        println!(
-            "kube-rs watcher ({side}, streaming lists: {streaming}) across the takeover: final \
-             state as the apiserver's; watch errors retried: {:?}",
-            r.errors.lock().unwrap()
-        );
-    }
-    // Every watcher saw the five changes exactly once, in order, with the
-    // same resourceVersions: nothing lost or repeated across the takeover.
-    let seen: Vec<_> = watchers
-        .iter()
-        .map(|(side, streaming, r)| (*side, *streaming, r.seen.lock().unwrap().clone()))
-        .collect();
-    let expected = &seen[2].2;
-    assert_eq!(
-        expected
-            .iter()
-            .map(|(c, n, _)| (*c, n.as_str()))
-            .collect::<Vec<_>>(),
-        [
-            ("apply", "b"),
-            ("apply", "a"),
-            ("apply", "c"),
-            ("delete", "b"),
-            ("apply", "c")
-        ],
-        "direct, streaming lists"
-    );
-    for (side, streaming, s) in &seen {
-        assert_eq!(s, expected, "{side}, streaming lists: {streaming}");
-    }
+    let truth = write_second_half(&api).await;
+    // Nothing lost or repeated across the takeover.
+    assert_same_changes(watchers, &truth, " across the takeover").await;
     // The proxied watchers did move: the second proxy serves their watches
     // from its cache.
     let resumed = configmap_watches_from_the_cache(&env).await;
@@ -382,9 +318,6 @@ async fn kube_rs_watchers_see_every_change_once_across_a_proxy_takeover() {
         resumed >= 2.0,
         "{resumed} watches resumed on the second proxy"
     );
-    for (_, _, r) in watchers {
-        r.task.abort();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
