@@ -19,14 +19,6 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn help_documents_every_flag() {
     let out = std::process::Command::new(BIN)
@@ -450,7 +442,7 @@ async fn run_with_shipped_config(config: &Path, extra: &[&str]) {
         "upstream.kubeconfig",
         &sim.kubeconfig(&SimConfig::default().proxy_user, None),
     );
-    let (port, admin_port) = (free_port(), free_port());
+    let (port, admin_port) = (support::env::free_port(), support::env::free_port());
     let mut child = tokio::process::Command::new(BIN)
         .arg("--config")
         .arg(config)

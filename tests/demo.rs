@@ -49,14 +49,6 @@ struct Failed {
     stderr: String,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts `demo args...` with `TMPDIR=tmp`; `Err` when it exits first.
 async fn start(tmp: &Path, args: &[&str]) -> Result<Demo, Failed> {
     let mut child = Command::new(BIN)
@@ -618,8 +610,8 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>, std::time::SystemTime)> {
 async fn a_second_demo_leaves_the_first_alone() {
     let tmp = support::env::tempdir();
     let (api, admin) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", support::env::free_port()),
+        format!("127.0.0.1:{}", support::env::free_port()),
     );
     let first = start_ok(&tmp, &["--listen", &api, "--admin-listen", &admin]).await;
     let before = snapshot(&first.dir);

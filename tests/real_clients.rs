@@ -267,19 +267,10 @@ async fn kube_rs_watchers_end_identical_through_the_proxy_and_directly() {
     assert!(served >= 2.0, "{served} watches served from the cache");
 }
 
-/// A free port on the loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_rs_watchers_see_every_change_once_across_a_proxy_takeover() {
     let takeover = support::env::tempdir().join("takeover.sock");
-    let (port, admin_port) = (free_port(), free_port());
+    let (port, admin_port) = (support::env::free_port(), support::env::free_port());
     let Some(mut env) = RealEnv::start_with(|c| {
         support::cache_configmaps(c);
         c.listen = format!("127.0.0.1:{port}");

@@ -85,14 +85,6 @@ fn service_account_volume(dir: &Path, name: &str, token: &str, ca_pem: &str) -> 
     d
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A plain-HTTP GET on the proxy's admin port: (status, body).
 async fn admin_get(port: u16, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -177,7 +169,7 @@ async fn an_unmodified_in_cluster_client_is_served_by_the_sidecar_from_its_cache
     let proxy_ca = Ca::new("sidecar-test").unwrap();
     let mut config = shipped("manifests/sidecar/config.yaml", &dir, &proxy_ca, "");
     config.tls.client_ca_file = None;
-    let (port, admin_port) = (free_port(), free_port());
+    let (port, admin_port) = (support::env::free_port(), support::env::free_port());
     config.listen = format!("127.0.0.1:{port}");
     config.admin_listen = format!("127.0.0.1:{admin_port}");
     let config_file = write(

@@ -32,14 +32,6 @@ use support::{Client, Identity, Next};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-cache-proxy");
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Setup {
     dir: PathBuf,
     config: PathBuf,
@@ -66,7 +58,7 @@ fn setup(sim: &Sim) -> Setup {
         "upstream.kubeconfig",
         &sim.kubeconfig(&SimConfig::default().proxy_user, None),
     );
-    let (port, admin_port) = (free_port(), free_port());
+    let (port, admin_port) = (support::env::free_port(), support::env::free_port());
     let state = dir.join("state");
     let config = write(
         "config.yaml",

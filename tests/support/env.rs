@@ -146,6 +146,16 @@ impl Drop for Running {
     }
 }
 
+/// A free port on the loopback (bound once and released: a test that
+/// needs the same address twice, for a restart or a takeover).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A fresh temporary directory.
 pub fn tempdir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("kcp-test-{}", uuid::Uuid::new_v4()));
