@@ -77,6 +77,10 @@ pub struct Listeners {
     /// The proxy these listeners were received from: it drains once this
     /// one is ready.
     pub predecessor: Option<server::takeover::Predecessor>,
+    /// Passed by systemd (`LISTEN_FDS`): the sockets outlive this process,
+    /// and the next one accepts on them, so a stop lingers like a handover
+    /// for connections accepted just before it.
+    pub socket_activated: bool,
 }
 
 /// How long a second proxy retries binding an address in use by one that
@@ -119,6 +123,7 @@ impl Listeners {
             admin,
             metrics,
             predecessor: None,
+            socket_activated: false,
         })
     }
 
@@ -167,6 +172,7 @@ impl Listeners {
                 admin,
                 metrics,
                 predecessor: Some(received.predecessor),
+                socket_activated: false,
             });
         }
         let mut fds = listenfd::ListenFd::from_env();
@@ -208,6 +214,7 @@ impl Listeners {
                 admin,
                 metrics: activated.next(),
                 predecessor: None,
+                socket_activated: true,
             });
         }
         // With takeover configured, an address in use is a predecessor that
@@ -225,6 +232,7 @@ impl Listeners {
             admin,
             metrics,
             predecessor: None,
+            socket_activated: false,
         })
     }
 }
@@ -430,6 +438,7 @@ pub async fn run(
         admin: admin_listener,
         metrics: metrics_listener,
         predecessor,
+        socket_activated,
     } = listeners;
     // Copies of the listening sockets, for a successor.
     let offer = match &config.takeover.socket_path {
@@ -609,6 +618,12 @@ pub async fn run(
         admin_token.cancel();
     } else {
         tracing::info!("shutting down");
+        // The next process accepts on systemd's sockets: a connection this
+        // one accepted just before the stop gets the same time to send its
+        // request as after a handover, not closed idle.
+        if socket_activated {
+            handed_over.store(true, Ordering::SeqCst);
+        }
     }
     // Stops accepting, ends every watch (cached and passed through) at an
     // event boundary, stops the reflectors.

@@ -54,7 +54,8 @@ const IDLE_CHECK: Duration = Duration::from_secs(5);
 pub struct ServeOptions {
     pub limits: Limits,
     pub grace_period: Duration,
-    /// Set when a successor took the listening socket over: connections
+    /// Set when a successor took the listening socket over, or the socket
+    /// outlives this process (systemd socket activation): connections
     /// accepted just before then get [`HANDOVER_LINGER`] to send their
     /// requests before idle ones are closed.
     pub handed_over: Arc<std::sync::atomic::AtomicBool>,
