@@ -73,16 +73,19 @@ fn cases() -> Vec<Case> {
 }
 
 fn codec(c: &Case) -> ProtoCodec {
-    ProtoCodec::new(
+    let codec = ProtoCodec::new(
         c.group,
         "v1",
         c.kind,
         c.api_version,
         IntGauge::new("b", "b").unwrap(),
         IntCounter::new("f", "f").unwrap(),
-        encode::ProtoForms::new(64 << 20).for_resource(0),
+        encode::ProtoForms::new(64 << 20, 100).for_resource(0),
     )
-    .unwrap()
+    .unwrap();
+    // Room to keep every form (the frames below read a kept one).
+    codec.note_objects(1 << 30);
+    codec
 }
 
 const META: Representation = Representation {

@@ -21,7 +21,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use apimachinery::protobuf::{self, ENVELOPE_TAIL, Message};
@@ -52,31 +52,68 @@ const FORM_OVERHEAD: usize = 160;
 type FormKey = (u32, Arc<str>, u64);
 
 /// The protobuf encodings kept for cached objects, shared by all
-/// resources: at most a budget of bytes, least recently and frequently
-/// used evicted first (moka's TinyLFU), and none left unread for
-/// [`FORM_IDLE`]. A budget of 0 keeps none: every protobuf read encodes.
+/// resources: at most a budget of bytes and a share of the cached
+/// objects' bytes, least recently and frequently used evicted first
+/// (moka's TinyLFU), and none left unread for [`FORM_IDLE`]. A budget or
+/// share of 0 keeps none: every protobuf read encodes.
 #[derive(Clone)]
-pub struct ProtoForms(Option<moka::sync::Cache<FormKey, Arc<ProtoForm>>>);
+pub struct ProtoForms(Option<Arc<Kept>>);
+
+/// The kept encodings and what bounds them.
+struct Kept {
+    map: moka::sync::Cache<FormKey, Arc<ProtoForm>>,
+    /// The versions read once lately: one is kept on its second read.
+    doorkeeper: Doorkeeper,
+    /// Bytes of the kept encodings as weighed: added when one is kept,
+    /// taken off when moka removes it (evicted, expired).
+    weight: Arc<AtomicU64>,
+    /// Bytes of all resources' cached objects ([`FormSlot::note_objects`]).
+    objects: AtomicU64,
+    /// The kept encodings' share of `objects`, in percent.
+    percent: u64,
+}
 
 impl std::fmt::Debug for ProtoForms {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("ProtoForms")
-            .field(&self.0.as_ref().map(|c| c.policy().max_capacity()))
+            .field(
+                &self
+                    .0
+                    .as_ref()
+                    .map(|k| (k.map.policy().max_capacity(), k.percent)),
+            )
             .finish()
     }
 }
 
+fn weigh(f: &ProtoForm) -> u64 {
+    (f.envelope.len() + FORM_OVERHEAD) as u64
+}
+
 impl ProtoForms {
-    /// Kept encodings of at most `budget` bytes in all.
-    pub fn new(budget: u64) -> Self {
-        Self((budget > 0).then(|| {
-            moka::sync::Cache::builder()
+    /// Kept encodings of at most `budget` bytes in all, and at most
+    /// `percent` % of the cached objects' bytes.
+    pub fn new(budget: u64, percent: u64) -> Self {
+        Self((budget > 0 && percent > 0).then(|| {
+            let weight = Arc::new(AtomicU64::new(0));
+            let removed = weight.clone();
+            let map = moka::sync::Cache::builder()
                 .max_capacity(budget)
                 .weigher(|_: &FormKey, f: &Arc<ProtoForm>| {
-                    u32::try_from(f.envelope.len() + FORM_OVERHEAD).unwrap_or(u32::MAX)
+                    u32::try_from(weigh(f)).unwrap_or(u32::MAX)
+                })
+                .eviction_listener(move |_, f: Arc<ProtoForm>, _| {
+                    removed.fetch_sub(weigh(&f), Ordering::Relaxed);
                 })
                 .time_to_idle(FORM_IDLE)
-                .build()
+                .build();
+            Arc::new(Kept {
+                map,
+                doorkeeper: Doorkeeper::new(),
+                weight,
+                objects: AtomicU64::new(0),
+                percent,
+            })
         }))
     }
 
@@ -85,13 +122,15 @@ impl ProtoForms {
         FormSlot {
             forms: self.clone(),
             index,
+            objects: Arc::new(AtomicU64::new(0)),
         }
     }
 
     /// Applies pending evictions now (moka does it in the background of
     /// later calls), for measurements and tests.
     pub fn settle(&self) {
-        if let Some(c) = &self.0 {
+        if let Some(k) = &self.0 {
+            let c = &k.map;
             // Each call works through a bounded batch of the pending ones.
             for _ in 0..64 {
                 c.run_pending_tasks();
@@ -101,6 +140,69 @@ impl ProtoForms {
             }
         }
     }
+
+    /// Bytes of the kept encodings.
+    pub fn kept_bytes(&self) -> u64 {
+        self.0
+            .as_ref()
+            .map_or(0, |k| k.weight.load(Ordering::Relaxed))
+    }
+}
+
+impl Kept {
+    /// Whether one more encoding may be kept: while the kept ones are
+    /// under their share of the cached objects' bytes. A share, unlike
+    /// moka's byte budget, moves with the cache, so it is kept by
+    /// admission: past it, a read's encoding is used and dropped, and
+    /// room comes back as kept ones go unread for [`FORM_IDLE`] or are
+    /// evicted for the budget.
+    fn admits(&self) -> bool {
+        let share = self.objects.load(Ordering::Relaxed) / 100 * self.percent;
+        self.weight.load(Ordering::Relaxed) < share
+    }
+}
+
+/// The object versions read in protobuf lately, as the bits of a hashed
+/// set (TinyLFU's doorkeeper): a version is kept on its second read, so a
+/// read of everything once (a client's first list, a relist) keeps
+/// nothing, while versions read again (an object many nodes' agents
+/// list, a controller's repeated lists) are kept. A false positive keeps
+/// a version on its first read. Cleared once an eighth of its bits are
+/// set, which keeps false positives under one in eight.
+struct Doorkeeper {
+    bits: Box<[AtomicU64]>,
+    set: AtomicU64,
+    hasher: std::hash::RandomState,
+}
+
+impl Doorkeeper {
+    /// 2 Mi bits: 256 KiB, cleared after 256 Ki first reads.
+    const BITS: usize = 1 << 21;
+
+    fn new() -> Self {
+        Self {
+            bits: (0..Self::BITS / 64).map(|_| AtomicU64::new(0)).collect(),
+            set: AtomicU64::new(0),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+
+    /// Whether `key` was read since the last clearing; notes it read.
+    fn read_before(&self, key: &FormKey) -> bool {
+        use std::hash::BuildHasher;
+        let bit = (self.hasher.hash_one(key) as usize) % Self::BITS;
+        let mask = 1u64 << (bit % 64);
+        if self.bits[bit / 64].fetch_or(mask, Ordering::Relaxed) & mask != 0 {
+            return true;
+        }
+        if self.set.fetch_add(1, Ordering::Relaxed) + 1 >= (Self::BITS / 8) as u64 {
+            self.set.store(0, Ordering::Relaxed);
+            for word in &self.bits {
+                word.store(0, Ordering::Relaxed);
+            }
+        }
+        false
+    }
 }
 
 /// One resource's place in [`ProtoForms`].
@@ -109,6 +211,22 @@ pub struct FormSlot {
     forms: ProtoForms,
     /// The resource's index in the forms' keys.
     index: u32,
+    /// The resource's part of [`Kept::objects`].
+    objects: Arc<AtomicU64>,
+}
+
+impl FormSlot {
+    /// Records the bytes of the resource's cached objects, which the kept
+    /// encodings' share is of.
+    pub fn note_objects(&self, bytes: u64) {
+        let Some(k) = &self.forms.0 else { return };
+        let before = self.objects.swap(bytes, Ordering::Relaxed);
+        if bytes >= before {
+            k.objects.fetch_add(bytes - before, Ordering::Relaxed);
+        } else {
+            k.objects.fetch_sub(before - bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 /// How a resource's objects are encoded in protobuf.
@@ -196,11 +314,31 @@ impl ProtoCodec {
     /// `o`'s protobuf form: kept, or encoded now (and kept, within the
     /// budget); `None` when it cannot be encoded.
     pub fn form(&self, o: &CachedObject) -> Option<Arc<ProtoForm>> {
-        let Some(forms) = &self.slot.forms.0 else {
+        let Some(kept) = &self.slot.forms.0 else {
             return self.encode(o.json()).map(Arc::new);
         };
         let key = (self.slot.index, o.key_arc().clone(), o.rv);
-        forms.optionally_get_with(key, || self.encode(o.json()).map(Arc::new))
+        if let Some(f) = kept.map.get(&key) {
+            return Some(f);
+        }
+        if !kept.doorkeeper.read_before(&key) || !kept.admits() {
+            return self.encode(o.json()).map(Arc::new);
+        }
+        let entry = kept
+            .map
+            .entry(key)
+            .or_optionally_insert_with(|| self.encode(o.json()).map(Arc::new))?;
+        if entry.is_fresh() {
+            kept.weight
+                .fetch_add(weigh(entry.value()), Ordering::Relaxed);
+        }
+        Some(entry.into_value())
+    }
+
+    /// Records the bytes of the resource's cached objects (see
+    /// [`FormSlot::note_objects`]).
+    pub fn note_objects(&self, bytes: u64) {
+        self.slot.note_objects(bytes);
     }
 
     /// Whether an object of the resource failed to encode: protobuf reads
@@ -454,27 +592,35 @@ mod tests {
     #[test]
     fn kept_encodings_are_shared_and_bounded() {
         let bytes = IntGauge::new("b", "b").unwrap();
-        let c = codec(ProtoForms::new(16 * 1024), &bytes);
+        let c = codec(ProtoForms::new(16 * 1024, 100), &bytes);
+        c.note_objects(1 << 30);
         let o = cm(0, 5);
+        let once = c.form(&o).unwrap();
+        assert!(
+            !Arc::ptr_eq(&once, &c.form(&o).unwrap()),
+            "kept on the second read"
+        );
         let first = c.form(&o).unwrap();
         assert!(Arc::ptr_eq(&first, &c.form(&o).unwrap()), "kept, shared");
         // A new version of the object is a new encoding.
         let newer = cm(0, 6);
+        c.form(&newer).unwrap();
         assert!(!Arc::ptr_eq(&first, &c.form(&newer).unwrap()));
         drop(first);
         // Past the budget (about 15 of these), the oldest go.
         let objects: Vec<_> = (0..100).map(|i| cm(i, 7)).collect();
-        for o in &objects {
+        for o in objects.iter().chain(&objects) {
             c.form(o).unwrap();
         }
         c.settle_forms();
-        let kept = c.slot.forms.0.as_ref().unwrap().weighted_size();
+        let kept = c.slot.forms.0.as_ref().unwrap().map.weighted_size();
         assert!(kept > 0 && kept <= 16 * 1024, "{kept} bytes kept");
+        assert_eq!(c.slot.forms.kept_bytes(), kept, "counted as moka weighs");
         // Evicted encodings are freed once the map's epoch-based
         // reclamation runs: the memory alive stays near the budget however
         // many are encoded.
         let more: Vec<_> = (100..2100).map(|i| cm(i, 7)).collect();
-        for o in &more {
+        for o in more.iter().chain(&more) {
             c.form(o).unwrap();
         }
         c.settle_forms();
@@ -489,12 +635,53 @@ mod tests {
     #[test]
     fn a_budget_of_zero_keeps_none() {
         let bytes = IntGauge::new("b", "b").unwrap();
-        let c = codec(ProtoForms::new(0), &bytes);
+        let c = codec(ProtoForms::new(0, 100), &bytes);
         let o = cm(0, 5);
         let form = c.form(&o).unwrap();
         assert!(bytes.get() > 0, "alive while read");
         drop(form);
         assert_eq!(bytes.get(), 0, "and gone after");
+        assert!(!Arc::ptr_eq(&c.form(&o).unwrap(), &c.form(&o).unwrap()));
+    }
+
+    #[test]
+    fn kept_encodings_stay_within_their_share_of_the_objects() {
+        let bytes = IntGauge::new("b", "b").unwrap();
+        let c = codec(ProtoForms::new(64 << 20, 10), &bytes);
+        let objects: Vec<_> = (0..200).map(|i| cm(i, 7)).collect();
+        let json: usize = objects.iter().map(|o| o.json().len()).sum();
+        // Nothing cached yet: nothing kept.
+        c.form(&objects[0]).unwrap();
+        assert_eq!(c.slot.forms.kept_bytes(), 0);
+        c.note_objects(json as u64);
+        // Read once each: none kept (but the first, read twice).
+        for o in &objects {
+            c.form(o).unwrap();
+        }
+        c.settle_forms();
+        assert!(c.slot.forms.kept_bytes() <= weigh(&c.encode(objects[0].json()).unwrap()));
+        // Read again: kept, up to the share.
+        for o in &objects {
+            c.form(o).unwrap();
+        }
+        c.settle_forms();
+        let kept = c.slot.forms.kept_bytes();
+        let form = c.encode(objects[0].json()).unwrap();
+        let one = weigh(&form);
+        // Admitted while under 10 %: at most one form past it.
+        assert!(kept > 0, "some kept");
+        assert!(kept < json as u64 / 10 + one, "{kept} of {json}");
+        // A kept one is shared; one read past the share is encoded afresh.
+        assert!(Arc::ptr_eq(
+            &c.form(&objects[0]).unwrap(),
+            &c.form(&objects[0]).unwrap()
+        ));
+        let last = objects.last().unwrap();
+        assert!(!Arc::ptr_eq(&c.form(last).unwrap(), &c.form(last).unwrap()));
+        // The cache shrinking leaves no room for more.
+        c.note_objects(0);
+        let o = cm(999, 7);
+        c.form(&o).unwrap();
         assert!(!Arc::ptr_eq(&c.form(&o).unwrap(), &c.form(&o).unwrap()));
     }
 }

@@ -70,7 +70,10 @@ impl Caches {
             not_older_than_wait: Duration::from_millis(config.not_older_than_wait_milliseconds),
             ready_wait: Duration::from_millis(config.ready_wait_milliseconds),
         };
-        let forms = encode::ProtoForms::new(config.protobuf_cache_mib.saturating_mul(1 << 20));
+        let forms = encode::ProtoForms::new(
+            config.protobuf_cache_mib.saturating_mul(1 << 20),
+            config.protobuf_cache_percent,
+        );
         for (i, r) in config.resources.iter().enumerate() {
             let known = built_in(&r.group, &r.version, &r.resource);
             let kind = r

@@ -337,6 +337,9 @@ impl ResourceCache {
         let m = &self.metrics;
         m.objects.set(s.objects().len() as i64);
         m.bytes.set(s.bytes() as i64);
+        if let Some(codec) = &self.info.codec {
+            codec.note_objects(s.bytes() as u64);
+        }
         m.history.set(s.history_len() as i64);
         m.resource_version
             .set(i64::try_from(s.rv()).unwrap_or(i64::MAX));

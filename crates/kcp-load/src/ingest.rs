@@ -53,6 +53,14 @@ pub struct IngestArgs {
     /// `cache.protobufCacheMib` (0: none kept).
     #[arg(long, default_value_t = 64)]
     pub protobuf_cache_mib: u64,
+    /// With --protobuf: the kept encodings' ceiling in percent of the
+    /// cached objects' bytes, as the proxy's `cache.protobufCachePercent`.
+    #[arg(long, default_value_t = 10)]
+    pub protobuf_cache_percent: u64,
+    /// With --protobuf: how many times each object is read in protobuf
+    /// once cached (the proxy keeps an encoding on its second read).
+    #[arg(long, default_value_t = 1)]
+    pub protobuf_reads: usize,
 }
 
 /// Memory measured by `ingest`.
@@ -88,23 +96,33 @@ pub fn ingest(a: &IngestArgs) -> Result<IngestReport> {
                 api_version,
                 proto_gauge.clone(),
                 prometheus::IntCounter::new("encode_failures", "-")?,
-                kube_cache_proxy::cache::encode::ProtoForms::new(a.protobuf_cache_mib << 20)
-                    .for_resource(0),
+                kube_cache_proxy::cache::encode::ProtoForms::new(
+                    a.protobuf_cache_mib << 20,
+                    a.protobuf_cache_percent,
+                )
+                .for_resource(0),
             )
             .ok_or_else(|| anyhow!("no protobuf schema for {kind}"))?,
         )
     } else {
         None
     };
-    // The object as cached, with its protobuf form when asked for.
+    // The object as cached.
     let cached = |text: &str| -> Result<CachedObject> {
-        let o = CachedObject::from_json(text.as_bytes(), field_set, namespaced)?;
+        Ok(CachedObject::from_json(
+            text.as_bytes(),
+            field_set,
+            namespaced,
+        )?)
+    };
+    // Its protobuf form, as a protobuf reader asks for it.
+    let read = |o: &CachedObject| -> Result<()> {
         if let Some(codec) = &codec {
             codec
-                .form(&o)
+                .form(o)
                 .ok_or_else(|| anyhow!("the {what} fixture does not encode in protobuf"))?;
         }
-        Ok(o)
+        Ok(())
     };
     let mut state = State::new(Settings {
         history_capacity: 1,
@@ -139,6 +157,9 @@ pub fn ingest(a: &IngestArgs) -> Result<IngestReport> {
         warm.replace(Vec::new(), 1, Instant::now());
         for i in 0..100 {
             let o = cached(&json(i))?;
+            if let Some(codec) = &codec {
+                codec.encode(o.json());
+            }
             warm.apply(EventType::Added, o, Instant::now());
         }
     }
@@ -166,10 +187,18 @@ pub fn ingest(a: &IngestArgs) -> Result<IngestReport> {
             state.replace(items, a.objects as u64 + 2, Instant::now());
         }
     }
-    let took = started.elapsed();
+    // Then every object read in protobuf, the cache's bytes known
+    // as the proxy's resource reports them after each change.
     if let Some(codec) = &codec {
+        codec.note_objects(state.bytes() as u64);
+        for _ in 0..a.protobuf_reads {
+            for o in state.objects().values() {
+                read(o)?;
+            }
+        }
         codec.settle_forms();
     }
+    let took = started.elapsed();
     let proto_bytes = proto_gauge.get().max(0) as u64;
     let after = stats::rss_self().unwrap_or(0);
     let delta = after.saturating_sub(before);

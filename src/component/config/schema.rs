@@ -258,12 +258,20 @@ pub struct CacheConfig {
     /// through. Default 2000 ms.
     pub ready_wait_milliseconds: u64,
     /// MiB of protobuf encodings kept for cached objects, all resources
-    /// together. An object version is encoded when a protobuf reader
-    /// (kubelet, kube-proxy) first asks for it; kept encodings are
-    /// evicted least recently and frequently used first, and after 10
-    /// minutes unread, and re-encoded by their next reader (about 35 µs
-    /// for a 5 KB pod). 0 keeps none. Default 64.
+    /// together. An object version is encoded for each protobuf reader
+    /// (kubelet, kube-proxy) that asks for it, and kept from its second
+    /// read on; kept encodings are evicted least recently and frequently
+    /// used first, and after 10 minutes unread, and encoded again by
+    /// their next reader (about 20 µs for a 5 KB pod). 0 keeps none.
+    /// Default 64.
     pub protobuf_cache_mib: u64,
+    /// The kept protobuf encodings' ceiling as a percentage of the cached
+    /// objects' bytes (`kube_cache_proxy_cache_bytes`, all resources),
+    /// within `protobufCacheMib`: past it, a protobuf read's encodings are
+    /// used and dropped, not kept. At most 100 (a pod's encoding is
+    /// about 60 % of its JSON, so 100 keeps them all). 0 keeps none.
+    /// Default 5.
+    pub protobuf_cache_percent: u64,
     /// Snapshots of the cache on the node's disk, so a restarted proxy
     /// resumes instead of relisting.
     pub persistence: PersistenceConfig,
@@ -396,6 +404,7 @@ impl Default for CacheConfig {
             not_older_than_wait_milliseconds: 3000,
             ready_wait_milliseconds: 2000,
             protobuf_cache_mib: 64,
+            protobuf_cache_percent: 5,
             persistence: PersistenceConfig::default(),
             consistency_check: ConsistencyCheckConfig::default(),
         }

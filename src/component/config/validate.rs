@@ -152,6 +152,12 @@ impl Config {
 
 impl CacheConfig {
     fn validate(&self, node_name: &str) -> Result<(), ConfigError> {
+        if self.protobuf_cache_percent > 100 {
+            return Err(ConfigError::invalid(
+                "cache.protobufCachePercent",
+                "must be at most 100",
+            ));
+        }
         if self.history_capacity == 0 {
             return Err(ConfigError::invalid(
                 "cache.historyCapacity",

@@ -1,7 +1,8 @@
 //! JSON to protobuf, as kube-apiserver's Go marshaller would write the
 //! object the JSON decodes to.
 //!
-//! Driven by the generated schema: fields in field-number order; a
+//! The JSON is parsed once, guided by the schema (each key's field says how
+//! to read its value), then written in field-number order: a
 //! non-pointer Go field written even when empty (absent from JSON because
 //! of `omitempty`); pointers, `[]byte` and named slices only when set;
 //! repeated fields element by element; maps in sorted key order; the
@@ -19,7 +20,7 @@ use std::fmt;
 
 use base64::Engine;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
-use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::schema::MESSAGES;
@@ -57,42 +58,241 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
-/// A JSON object as its keys and their values' bytes.
-struct Obj<'a>(Vec<(Str<'a>, &'a RawValue)>);
+/// A message's JSON object, parsed in one pass guided by the schema: the
+/// field each key is, and its value.
+struct Obj<'a>(Vec<(&'static Field, V<'a>)>);
 
-impl<'de: 'a, 'a> Deserialize<'de> for Obj<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Obj<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<Obj<'de>, A::Error> {
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(entry) = map.next_entry::<Str<'de>, &'de RawValue>()? {
-                    entries.push(entry);
+/// A value in an [`Obj`]. A plain message's object, a repeated field's
+/// elements and a map's entries are parsed in the same pass; scalars and
+/// the special types stay JSON text, read when encoded. (Parsing each
+/// level from its text again cost a scan of the object per level of
+/// nesting: more than half of a pod's encoding.)
+enum V<'a> {
+    Raw(&'a RawValue),
+    Str(Cow<'a, str>),
+    Msg(Obj<'a>),
+    List(Vec<V<'a>>),
+    Map(Vec<(Str<'a>, V<'a>)>),
+    Null,
+}
+
+impl<'a> V<'a> {
+    fn is_null(&self) -> bool {
+        match self {
+            V::Null => true,
+            V::Raw(r) => r.get() == "null",
+            _ => false,
+        }
+    }
+
+    /// A string field's value (`null`: empty).
+    fn text(&self, what: &str) -> Result<Cow<'a, str>> {
+        match self {
+            V::Str(s) => Ok(s.clone()),
+            V::Null => Ok(Cow::Borrowed("")),
+            V::Raw(r) if r.get() == "null" => Ok(Cow::Borrowed("")),
+            V::Raw(r) => Ok(parse::<Str<'a>>(r.get(), what)?.0),
+            _ => Err(err(format!("{what}: not a string"))),
+        }
+    }
+
+    /// The JSON text of a scalar or special-type value.
+    fn raw(&self, what: &str) -> Result<&'a RawValue> {
+        match self {
+            V::Raw(r) => Ok(r),
+            V::Null => parse("null", what),
+            _ => Err(err(format!("{what}: not a scalar"))),
+        }
+    }
+}
+
+/// What a JSON key of a message is.
+enum Key {
+    Field(&'static Field),
+    Ignored,
+}
+
+/// The field of `message` (or of a struct it embeds) that `key` is.
+fn key_of(message: &'static Message, key: &str) -> Option<Key> {
+    for f in message.fields {
+        match f.presence {
+            Presence::Inline => {
+                if let FieldKind::M(i) = f.kind
+                    && let Some(found) = MESSAGES.get(usize::from(i)).and_then(|m| key_of(m, key))
+                {
+                    return Some(found);
                 }
-                Ok(Obj(entries))
+            }
+            _ if f.json == key => return Some(Key::Field(f)),
+            _ => {}
+        }
+    }
+    message.ignored.contains(&key).then_some(Key::Ignored)
+}
+
+/// A plain message's object (strict: a key the type does not have is an
+/// error).
+#[derive(Clone, Copy)]
+struct MsgSeed(&'static Message);
+
+impl<'de> DeserializeSeed<'de> for MsgSeed {
+    type Value = Obj<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Obj<'de>, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MsgSeed {
+    type Value = Obj<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a JSON object ({})", self.0.name)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Obj<'de>, A::Error> {
+        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
+        while let Some(key) = map.next_key::<Str<'de>>()? {
+            match key_of(self.0, &key.0) {
+                Some(Key::Field(f)) => {
+                    let value = map.next_value_seed(FieldSeed(f))?;
+                    entries.push((f, value));
+                }
+                Some(Key::Ignored) => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+                None => {
+                    return Err(serde::de::Error::custom(format!(
+                        "{} has no field {:?}",
+                        self.0.name, key.0
+                    )));
+                }
             }
         }
-        d.deserialize_map(V)
+        Ok(Obj(entries))
+    }
+}
+
+/// A field's value: one, repeated (a JSON array) or a map (a JSON object).
+#[derive(Clone, Copy)]
+struct FieldSeed(&'static Field);
+
+impl<'de> DeserializeSeed<'de> for FieldSeed {
+    type Value = V<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<V<'de>, D::Error> {
+        match self.0.cardinality {
+            Cardinality::One => ElemSeed(self.0.kind).deserialize(d),
+            Cardinality::Repeated | Cardinality::Map => d.deserialize_option(self),
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for FieldSeed {
+    type Value = V<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: a JSON array or object", self.0.json)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> std::result::Result<V<'de>, E> {
+        Ok(V::Null)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<V<'de>, E> {
+        Ok(V::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> std::result::Result<V<'de>, D::Error> {
+        match self.0.cardinality {
+            Cardinality::Map => d.deserialize_map(self),
+            _ => d.deserialize_seq(self),
+        }
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<V<'de>, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(4));
+        while let Some(item) = seq.next_element_seed(ElemSeed(self.0.kind))? {
+            items.push(item);
+        }
+        Ok(V::List(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<V<'de>, A::Error> {
+        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(4));
+        while let Some(key) = map.next_key::<Str<'de>>()? {
+            let value = map.next_value_seed(ElemSeed(self.0.kind))?;
+            entries.push((key, value));
+        }
+        Ok(V::Map(entries))
+    }
+}
+
+/// One value of a field's kind: a plain message's object parsed now,
+/// anything else kept as its text.
+#[derive(Clone, Copy)]
+struct ElemSeed(FieldKind);
+
+impl<'de> DeserializeSeed<'de> for ElemSeed {
+    type Value = V<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<V<'de>, D::Error> {
+        match self.0 {
+            FieldKind::M(i) => match MESSAGES.get(usize::from(i)) {
+                Some(m) if m.special == Special::Plain => OptMsg(m).deserialize(d),
+                _ => <&RawValue>::deserialize(d).map(V::Raw),
+            },
+            FieldKind::Str => d.deserialize_option(OptStr),
+            _ => <&RawValue>::deserialize(d).map(V::Raw),
+        }
+    }
+}
+
+/// A string, or `null`.
+struct OptStr;
+
+impl<'de> Visitor<'de> for OptStr {
+    type Value = V<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON string or null")
+    }
+    fn visit_none<E: serde::de::Error>(self) -> std::result::Result<V<'de>, E> {
+        Ok(V::Null)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<V<'de>, E> {
+        Ok(V::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> std::result::Result<V<'de>, D::Error> {
+        Str::deserialize(d).map(|s| V::Str(s.0))
+    }
+}
+
+/// A plain message's object, or `null`.
+#[derive(Clone, Copy)]
+struct OptMsg(&'static Message);
+
+impl<'de> DeserializeSeed<'de> for OptMsg {
+    type Value = V<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<V<'de>, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OptMsg {
+    type Value = V<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a JSON object ({}) or null", self.0.name)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> std::result::Result<V<'de>, E> {
+        Ok(V::Null)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<V<'de>, E> {
+        Ok(V::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> std::result::Result<V<'de>, D::Error> {
+        MsgSeed(self.0).deserialize(d).map(V::Msg)
     }
 }
 
 impl<'a> Obj<'a> {
-    /// The value of `key` (Go's decoder keeps the last of duplicates);
-    /// `null` counts as absent.
-    fn get(&self, key: &str) -> Option<&'a RawValue> {
+    /// The value of `field` (Go's decoder keeps the last of duplicate
+    /// keys); `null` counts as absent.
+    fn get(&self, field: &'static Field) -> Option<&V<'a>> {
         self.0
             .iter()
             .rev()
-            .find(|(k, _)| k.0 == key)
-            .map(|(_, v)| *v)
-            .filter(|v| v.get() != "null")
+            .find(|(f, _)| std::ptr::eq(*f, field))
+            .map(|(_, v)| v)
+            .filter(|v| !v.is_null())
     }
 }
 
@@ -126,6 +326,15 @@ fn parse<'a, T: Deserialize<'a>>(raw: &'a str, what: &str) -> Result<T> {
     serde_json::from_str(raw).map_err(|e| err(format!("{what}: {e}")))
 }
 
+fn parse_seed<'a, S: DeserializeSeed<'a>>(text: &'a str, seed: S, what: &str) -> Result<S::Value> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = seed
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| err(format!("{what}: {e}")))?;
+    Ok(value)
+}
+
 /// Encodes the JSON object `json` as the protobuf message `message`
 /// (without the `k8s\0` envelope), appending to `out`.
 ///
@@ -133,8 +342,24 @@ fn parse<'a, T: Deserialize<'a>>(raw: &'a str, what: &str) -> Result<T> {
 /// [`TranscodeError`] when the JSON is not an object of that type.
 pub fn transcode(json: &[u8], message: &'static Message, out: &mut Vec<u8>) -> Result<()> {
     let text = std::str::from_utf8(json).map_err(|e| err(format!("not UTF-8: {e}")))?;
+    if message.special == Special::Plain {
+        let value = parse_seed(text, OptMsg(message), message.name)?;
+        return encode_message(&value, message, out);
+    }
     let raw: &RawValue = parse(text, message.name)?;
     encode_body(raw, message, out)
+}
+
+/// A message-typed value: a plain message's object, or the text of a
+/// special type.
+fn encode_message(value: &V<'_>, message: &'static Message, out: &mut Vec<u8>) -> Result<()> {
+    match value {
+        V::Msg(obj) => encode_fields(obj, message, out),
+        V::Null if message.special == Special::Plain => {
+            encode_fields(&Obj(Vec::new()), message, out)
+        }
+        other => encode_body(other.raw(message.name)?, message, out),
+    }
 }
 
 /// Writes `number` as a length-delimited field whose body `body` writes,
@@ -179,8 +404,7 @@ fn encode_body(raw: &RawValue, message: &'static Message, out: &mut Vec<u8>) -> 
             if text == "null" {
                 return encode_fields(&Obj(Vec::new()), message, out);
             }
-            let obj: Obj<'_> = parse(text, message.name)?;
-            check_keys(&obj, message)?;
+            let obj = parse_seed(text, MsgSeed(message), message.name)?;
             encode_fields(&obj, message, out)
         }
         Special::Time | Special::MicroTime => {
@@ -253,32 +477,11 @@ fn encode_body(raw: &RawValue, message: &'static Message, out: &mut Vec<u8>) -> 
             let field = message.fields.first().ok_or_else(|| err(message.name))?;
             let items: Arr<'_> = parse(text, message.name)?;
             for item in items.0 {
-                encode_value(item, field, out)?;
+                encode_value(&V::Raw(item), field, out)?;
             }
             Ok(())
         }
         Special::Unsupported => Err(err(format!("{} is not supported", message.name))),
-    }
-}
-
-/// Whether `key` is a JSON key of `message` or of a struct it embeds.
-fn accepts(message: &Message, key: &str) -> bool {
-    message.ignored.contains(&key)
-        || message.fields.iter().any(|f| match f.presence {
-            Presence::Inline => match f.kind {
-                FieldKind::M(i) => MESSAGES
-                    .get(usize::from(i))
-                    .is_some_and(|m| accepts(m, key)),
-                _ => false,
-            },
-            _ => f.json == key,
-        })
-}
-
-fn check_keys(obj: &Obj<'_>, message: &Message) -> Result<()> {
-    match obj.0.iter().find(|(k, _)| !accepts(message, &k.0)) {
-        Some((k, _)) => Err(err(format!("{} has no field {:?}", message.name, k.0))),
-        None => Ok(()),
     }
 }
 
@@ -300,25 +503,25 @@ fn encode_fields(obj: &Obj<'_>, message: &'static Message, out: &mut Vec<u8>) ->
             nested(out, field.number, |out| encode_fields(obj, inner, out))?;
             continue;
         }
-        let value = obj.get(field.json);
+        let value = obj.get(field);
         match field.cardinality {
             Cardinality::One => match value {
                 Some(v) => encode_value(v, field, out)?,
                 None if field.presence == Presence::Always => encode_zero(field, out)?,
                 None => {}
             },
-            Cardinality::Repeated => {
-                if let Some(v) = value {
-                    let items: Arr<'_> = parse(v.get(), field.json)?;
-                    for item in items.0 {
+            Cardinality::Repeated => match value {
+                Some(V::List(items)) => {
+                    for item in items {
                         encode_value(item, field, out)?;
                     }
                 }
-            }
-            Cardinality::Map => {
-                if let Some(v) = value {
-                    let map: Obj<'_> = parse(v.get(), field.json)?;
-                    let mut entries = map.0;
+                Some(_) => return Err(err(format!("{}: not an array", field.json))),
+                None => {}
+            },
+            Cardinality::Map => match value {
+                Some(V::Map(map)) => {
+                    let mut entries: Vec<&(Str<'_>, V<'_>)> = map.iter().collect();
                     // Go's decoder keeps the last of duplicate keys; the
                     // marshaller writes keys in sorted (byte) order.
                     entries.reverse();
@@ -328,7 +531,9 @@ fn encode_fields(obj: &Obj<'_>, message: &'static Message, out: &mut Vec<u8>) ->
                         encode_entry(&key.0, value, field, out)?;
                     }
                 }
-            }
+                Some(_) => return Err(err(format!("{}: not an object", field.json))),
+                None => {}
+            },
         }
     }
     Ok(())
@@ -336,24 +541,17 @@ fn encode_fields(obj: &Obj<'_>, message: &'static Message, out: &mut Vec<u8>) ->
 
 /// One map entry: key 1, value 2. A `[]byte` value is written only when
 /// not `null`; strings and messages always.
-fn encode_entry(key: &str, value: &RawValue, field: &Field, out: &mut Vec<u8>) -> Result<()> {
+fn encode_entry(key: &str, value: &V<'_>, field: &Field, out: &mut Vec<u8>) -> Result<()> {
     nested(out, field.number, |out| {
         bytes_field(out, 1, key.as_bytes());
-        let is_null = value.get() == "null";
+        let is_null = value.is_null();
         match field.kind {
-            FieldKind::Str => {
-                let s: Cow<'_, str> = if is_null {
-                    Cow::Borrowed("")
-                } else {
-                    parse::<Str<'_>>(value.get(), field.json)?.0
-                };
-                bytes_field(out, 2, s.as_bytes());
-            }
+            FieldKind::Str => bytes_field(out, 2, value.text(field.json)?.as_bytes()),
             FieldKind::Bytes if is_null => {}
-            FieldKind::Bytes => bytes_field(out, 2, &base64_value(value, field)?),
+            FieldKind::Bytes => bytes_field(out, 2, &base64_value(value.raw(field.json)?, field)?),
             FieldKind::M(_) => {
                 let inner = sub(field.kind)?;
-                nested(out, 2, |out| encode_body(value, inner, out))?;
+                nested(out, 2, |out| encode_message(value, inner, out))?;
             }
             _ => return Err(err(format!("{}: unsupported map value", field.json))),
         }
@@ -369,19 +567,20 @@ fn base64_value(value: &RawValue, field: &Field) -> Result<Vec<u8>> {
 }
 
 /// One value of `field` (a single value or a repeated element).
-fn encode_value(value: &RawValue, field: &Field, out: &mut Vec<u8>) -> Result<()> {
-    let text = value.get();
+fn encode_value(value: &V<'_>, field: &Field, out: &mut Vec<u8>) -> Result<()> {
     let number = field.number;
+    let scalar = || -> Result<(&RawValue, &str)> {
+        let raw = value.raw(field.json)?;
+        Ok((raw, raw.get()))
+    };
     match field.kind {
-        FieldKind::Str => {
-            let s: Cow<'_, str> = if text == "null" {
-                Cow::Borrowed("")
-            } else {
-                parse::<Str<'_>>(text, field.json)?.0
-            };
-            bytes_field(out, number, s.as_bytes());
+        FieldKind::M(_) => {
+            let inner = sub(field.kind)?;
+            nested(out, number, |out| encode_message(value, inner, out))?;
         }
+        FieldKind::Str => bytes_field(out, number, value.text(field.json)?.as_bytes()),
         FieldKind::Bytes => {
+            let (value, text) = scalar()?;
             let b = if text == "null" {
                 Vec::new()
             } else {
@@ -390,25 +589,25 @@ fn encode_value(value: &RawValue, field: &Field, out: &mut Vec<u8>) -> Result<()
             bytes_field(out, number, &b);
         }
         FieldKind::Bool => {
+            let (_, text) = scalar()?;
             let b: Option<bool> = parse(text, field.json)?;
             varint_field(out, number, u64::from(b.unwrap_or(false)));
         }
         FieldKind::I32 => {
+            let (_, text) = scalar()?;
             let n: Option<i32> = parse(text, field.json)?;
             varint_field(out, number, i64::from(n.unwrap_or(0)) as u64);
         }
         FieldKind::I64 => {
+            let (_, text) = scalar()?;
             let n: Option<i64> = parse(text, field.json)?;
             varint_field(out, number, n.unwrap_or(0) as u64);
         }
         FieldKind::F64 => {
+            let (_, text) = scalar()?;
             let n: Option<f64> = parse(text, field.json)?;
             encode_key(number, WireType::SixtyFourBit, out);
             out.extend_from_slice(&n.unwrap_or(0.0).to_bits().to_le_bytes());
-        }
-        FieldKind::M(_) => {
-            let inner = sub(field.kind)?;
-            nested(out, number, |out| encode_body(value, inner, out))?;
         }
     }
     Ok(())
@@ -553,6 +752,42 @@ mod tests {
         // name, then volumeSource (2) holding configMap (19).
         assert!(v.starts_with(b"\x0a\x01v\x12"));
         assert!(v.windows(2).any(|w| w == b"\x9a\x01"));
+    }
+
+    #[test]
+    fn nulls_duplicates_and_escapes_read_as_go_decodes_them() {
+        let meta = "k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta";
+        let same = |a: &str, b: &str| assert_eq!(enc(a, meta), enc(b, meta), "{a} vs {b}");
+        // `null` is the zero value, for one, repeated and map fields.
+        same(
+            r#"{"name":"a","labels":null,"finalizers":null}"#,
+            r#"{"name":"a"}"#,
+        );
+        same(r#"{"name":null}"#, r#"{}"#);
+        // The last of duplicate keys wins, in objects and in maps.
+        same(r#"{"name":"a","name":"b"}"#, r#"{"name":"b"}"#);
+        same(r#"{"labels":{"k":"1","k":"2"}}"#, r#"{"labels":{"k":"2"}}"#);
+        // Escapes are decoded.
+        let out = enc(r#"{"name":"a\"\u00e9"}"#, meta);
+        assert!(out.starts_with("\x0a\x04a\"é".as_bytes()), "{out:?}");
+        // Repeated messages, each parsed with its type.
+        let owners = enc(r#"{"ownerReferences":[{"name":"x","uid":"u"},null]}"#, meta);
+        assert!(owners.windows(3).any(|w| w == b"\x1a\x01x"));
+        // Wrong JSON types are errors, never dropped.
+        for bad in [
+            r#"{"name":1}"#,
+            r#"{"finalizers":"a"}"#,
+            r#"{"labels":[]}"#,
+            r#"{"ownerReferences":[{"bogus":1}]}"#,
+            r#"{"creationTimestamp":{}}"#,
+            r#"[]"#,
+        ] {
+            let mut out = Vec::new();
+            assert!(
+                transcode(bad.as_bytes(), message(meta).unwrap(), &mut out).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
