@@ -3,12 +3,14 @@
 //! `PartialObjectMetadata[List]` in either.
 //!
 //! Like the apiserver's `cachingObject`, an object version is encoded in
-//! protobuf when the first reader asks for it, and the envelope is shared
-//! by every get, list and watch event that carries that version
-//! ([`ProtoForm`]). The encodings are kept in [`ProtoForms`], bounded in
-//! bytes and idle time (`cache.protobufCacheMib`): a version evicted from
-//! it is encoded again by its next protobuf reader, so memory holds JSON
-//! once plus a bounded working set, whatever was read in protobuf once.
+//! protobuf when a reader asks for it, and a kept envelope is shared by
+//! every get, list and watch event that carries that version
+//! ([`ProtoForm`]). The encodings are kept in [`ProtoForms`] from a
+//! version's second read on, bounded in bytes, share of the cached
+//! objects' bytes and idle time (`cache.protobufCacheMib`,
+//! `cache.protobufCachePercent`): a version not kept is encoded again by
+//! its next protobuf reader, so memory holds JSON once plus a bounded
+//! working set, whatever was read in protobuf once.
 //! The metadata-only forms are slices of what is
 //! held: the `metadata` bytes of the object's JSON, or the `ObjectMeta`
 //! field of its protobuf message, behind a fixed header. Watch frames are
@@ -205,6 +207,10 @@ impl Doorkeeper {
     }
 }
 
+/// A read of a version that is not kept, and is not to be kept now: it
+/// encodes for itself.
+struct NotKept;
+
 /// One resource's place in [`ProtoForms`].
 #[derive(Debug, Clone)]
 pub struct FormSlot {
@@ -311,28 +317,74 @@ impl ProtoCodec {
         self.slot.forms.settle();
     }
 
-    /// `o`'s protobuf form: kept, or encoded now (and kept, within the
-    /// budget); `None` when it cannot be encoded.
+    /// `o`'s protobuf form: kept, or encoded now (and kept if the version
+    /// was read before, within the budget and the share); `None` when it
+    /// cannot be encoded.
     pub fn form(&self, o: &CachedObject) -> Option<Arc<ProtoForm>> {
+        match self.kept_form(o) {
+            Ok(form) => form,
+            Err(NotKept) => self.encode(o.json()).map(Arc::new),
+        }
+    }
+
+    /// Appends `o`'s message as field `number` (a list's item): its kept
+    /// form's bytes, or, for a version not kept, encoded for this read
+    /// alone straight into `out` (through `scratch`), so that a list of
+    /// versions read once holds nothing but its own body. `false` when it
+    /// cannot be encoded.
+    pub fn write_item(
+        &self,
+        o: &CachedObject,
+        number: u32,
+        out: &mut Vec<u8>,
+        scratch: &mut Vec<u8>,
+    ) -> bool {
+        match self.kept_form(o) {
+            Ok(Some(form)) => {
+                let raw = form.raw();
+                protobuf::put_header(out, number, raw.len());
+                out.extend_from_slice(&raw);
+                true
+            }
+            Ok(None) => false,
+            Err(NotKept) => {
+                scratch.clear();
+                if !self.transcode(o.json(), scratch) {
+                    return false;
+                }
+                protobuf::put_header(out, number, scratch.len());
+                out.extend_from_slice(scratch);
+                true
+            }
+        }
+    }
+
+    /// The kept form of `o`'s version, or one encoded and kept now (read
+    /// before, within the budget and the share; `Ok(None)` when it cannot
+    /// be encoded); [`NotKept`] when this read encodes for itself.
+    fn kept_form(&self, o: &CachedObject) -> Result<Option<Arc<ProtoForm>>, NotKept> {
         let Some(kept) = &self.slot.forms.0 else {
-            return self.encode(o.json()).map(Arc::new);
+            return Err(NotKept);
         };
         let key = (self.slot.index, o.key_arc().clone(), o.rv);
         if let Some(f) = kept.map.get(&key) {
-            return Some(f);
+            return Ok(Some(f));
         }
         if !kept.doorkeeper.read_before(&key) || !kept.admits() {
-            return self.encode(o.json()).map(Arc::new);
+            return Err(NotKept);
         }
-        let entry = kept
+        let Some(entry) = kept
             .map
             .entry(key)
-            .or_optionally_insert_with(|| self.encode(o.json()).map(Arc::new))?;
+            .or_optionally_insert_with(|| self.encode(o.json()).map(Arc::new))
+        else {
+            return Ok(None);
+        };
         if entry.is_fresh() {
             kept.weight
                 .fetch_add(weigh(entry.value()), Ordering::Relaxed);
         }
-        Some(entry.into_value())
+        Ok(Some(entry.into_value()))
     }
 
     /// Records the bytes of the resource's cached objects (see
@@ -347,15 +399,24 @@ impl ProtoCodec {
         self.broken.load(Ordering::Relaxed)
     }
 
+    /// Appends an object's message, from its JSON, to `out`; `false` (and
+    /// the resource marked broken) when it cannot be encoded.
+    fn transcode(&self, json: &[u8], out: &mut Vec<u8>) -> bool {
+        let Err(error) = protobuf::transcode(json, self.message, out) else {
+            return true;
+        };
+        self.failures.inc();
+        if !self.broken.swap(true, Ordering::Relaxed) {
+            tracing::warn!(kind = %self.kind, %error, "cannot encode an object in protobuf; protobuf reads of the resource pass through");
+        }
+        false
+    }
+
     /// Encodes an object's JSON; `None` (and the resource marked broken)
     /// when it cannot be.
     pub fn encode(&self, json: &[u8]) -> Option<ProtoForm> {
         let mut raw = Vec::with_capacity(json.len() / 2);
-        if let Err(error) = protobuf::transcode(json, self.message, &mut raw) {
-            self.failures.inc();
-            if !self.broken.swap(true, Ordering::Relaxed) {
-                tracing::warn!(kind = %self.kind, %error, "cannot encode an object in protobuf; protobuf reads of the resource pass through");
-            }
+        if !self.transcode(json, &mut raw) {
             return None;
         }
         let (envelope, range) = protobuf::envelope(&self.api_version, &self.kind, &raw);
@@ -642,6 +703,37 @@ mod tests {
         drop(form);
         assert_eq!(bytes.get(), 0, "and gone after");
         assert!(!Arc::ptr_eq(&c.form(&o).unwrap(), &c.form(&o).unwrap()));
+    }
+
+    #[test]
+    fn list_items_read_once_are_written_without_forms() {
+        let bytes = IntGauge::new("b", "b").unwrap();
+        let c = codec(ProtoForms::new(64 << 20, 100), &bytes);
+        c.note_objects(1 << 30);
+        let objects: Vec<_> = (0..50).map(|i| cm(i, 7)).collect();
+        let expected = |o: &CachedObject| {
+            let raw = c.encode(o.json()).unwrap().raw();
+            let mut want = Vec::new();
+            protobuf::put_header(&mut want, 2, raw.len());
+            want.extend_from_slice(&raw);
+            want
+        };
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        for o in &objects {
+            assert!(c.write_item(o, 2, &mut out, &mut scratch));
+        }
+        assert_eq!(out, objects.iter().flat_map(expected).collect::<Vec<u8>>());
+        assert_eq!(bytes.get(), 0, "no form alive");
+        c.settle_forms();
+        assert_eq!(c.slot.forms.kept_bytes(), 0, "none kept");
+        // Listed again: kept, and written from the kept forms, the same.
+        let mut again = Vec::new();
+        for o in &objects {
+            assert!(c.write_item(o, 2, &mut again, &mut scratch));
+        }
+        assert_eq!(again, out);
+        c.settle_forms();
+        assert!(c.slot.forms.kept_bytes() > 0);
     }
 
     #[test]

@@ -33,6 +33,9 @@ use super::store::Objects;
 /// keep a large list from sitting whole in memory.
 const CHUNK: usize = 64 * 1024;
 
+/// The size of a protobuf list's segments (see `protobuf_object_list`).
+const SEGMENT: usize = 1 << 20;
+
 /// One page of a list.
 #[derive(Debug, Default)]
 pub struct Page {
@@ -246,6 +249,9 @@ fn protobuf_list(
     metadata: Option<MetaVersion>,
 ) -> Option<Response<Body>> {
     let codec = info.codec.as_deref()?;
+    if metadata.is_none() {
+        return protobuf_object_list(page, info, codec, rv);
+    }
     let mut items: Vec<Bytes> = Vec::with_capacity(page.items.len());
     for o in &page.items {
         let form = codec.form(o)?;
@@ -312,6 +318,45 @@ fn protobuf_list(
         let out: Bytes = buf.split().freeze();
         Some(Ok::<_, BoxError>(Frame::data(out)))
     });
+    Some(response_with(
+        Body::new(StreamBody::new(stream::iter(chunks))),
+        protobuf::CONTENT_TYPE,
+    ))
+}
+
+/// A protobuf list of whole objects: the items written into segments of
+/// about [`SEGMENT`] bytes, each a version's kept form or encoded for this
+/// list alone (`ProtoCodec::write_item`), so the list holds its body and
+/// no per-item form; the envelope's length is known once all are written.
+fn protobuf_object_list(
+    page: Page,
+    info: &ResourceInfo,
+    codec: &encode::ProtoCodec,
+    rv: u64,
+) -> Option<Response<Body>> {
+    let mut segments: Vec<Bytes> = Vec::new();
+    let mut segment: Vec<u8> = Vec::with_capacity(SEGMENT);
+    let mut scratch = Vec::new();
+    for o in &page.items {
+        if !segment.is_empty() && segment.len() + o.json().len() > SEGMENT {
+            let full = std::mem::replace(&mut segment, Vec::with_capacity(SEGMENT));
+            segments.push(Bytes::from(full));
+        }
+        if !codec.write_item(o, 2, &mut segment, &mut scratch) {
+            return None;
+        }
+    }
+    segments.push(Bytes::from(segment));
+    let mut meta = Vec::with_capacity(64);
+    protobuf::put_bytes(&mut meta, 1, &proto_list_meta(&page, rv));
+    let list_len = meta.len() + segments.iter().map(Bytes::len).sum::<usize>();
+    let mut head = protobuf::envelope_head(&info.api_version, &info.list_kind(), list_len);
+    head.extend_from_slice(&meta);
+    let chunks = std::iter::once(Bytes::from(head))
+        .chain(segments)
+        .chain(std::iter::once(Bytes::from_static(protobuf::ENVELOPE_TAIL)))
+        .filter(|b| !b.is_empty())
+        .map(|b| Ok::<_, BoxError>(Frame::data(b)));
     Some(response_with(
         Body::new(StreamBody::new(stream::iter(chunks))),
         protobuf::CONTENT_TYPE,
