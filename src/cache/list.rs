@@ -334,19 +334,25 @@ fn protobuf_object_list(
     codec: &encode::ProtoCodec,
     rv: u64,
 ) -> Option<Response<Body>> {
+    // Each segment sized for what is left, by the items' JSON (their
+    // protobuf is smaller): a node's list of a few objects takes kilobytes,
+    // not a whole segment.
+    let mut left: usize = page.items.iter().map(|o| o.json().len()).sum();
+    let sized = |left: usize| Vec::with_capacity(left.min(SEGMENT));
     let mut segments: Vec<Bytes> = Vec::new();
-    let mut segment: Vec<u8> = Vec::with_capacity(SEGMENT);
+    let mut segment: Vec<u8> = sized(left);
     let mut scratch = Vec::new();
     for o in &page.items {
         if !segment.is_empty() && segment.len() + o.json().len() > SEGMENT {
-            let full = std::mem::replace(&mut segment, Vec::with_capacity(SEGMENT));
-            segments.push(Bytes::from(full));
+            let full = std::mem::replace(&mut segment, sized(left));
+            segments.push(segment_bytes(full));
         }
+        left -= o.json().len();
         if !codec.write_item(o, 2, &mut segment, &mut scratch) {
             return None;
         }
     }
-    segments.push(Bytes::from(segment));
+    segments.push(segment_bytes(segment));
     let mut meta = Vec::with_capacity(64);
     protobuf::put_bytes(&mut meta, 1, &proto_list_meta(&page, rv));
     let list_len = meta.len() + segments.iter().map(Bytes::len).sum::<usize>();
@@ -361,6 +367,15 @@ fn protobuf_object_list(
         Body::new(StreamBody::new(stream::iter(chunks))),
         protobuf::CONTENT_TYPE,
     ))
+}
+
+/// A written segment as `Bytes`, without holding much more memory than
+/// its length while it waits to be sent.
+fn segment_bytes(mut segment: Vec<u8>) -> Bytes {
+    if segment.capacity() - segment.len() > segment.len() / 4 {
+        segment.shrink_to_fit();
+    }
+    Bytes::from(segment)
 }
 
 /// A `200` with the apiserver's JSON headers.

@@ -55,7 +55,7 @@ pub struct IngestArgs {
     pub protobuf_cache_mib: u64,
     /// With --protobuf: the kept encodings' ceiling in percent of the
     /// cached objects' bytes, as the proxy's `cache.protobufCachePercent`.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 5)]
     pub protobuf_cache_percent: u64,
     /// With --protobuf: how many times each object is read in protobuf
     /// once cached (the proxy keeps an encoding on its second read).

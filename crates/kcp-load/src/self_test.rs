@@ -234,7 +234,7 @@ pub async fn self_test() -> Result<()> {
         via: IngestPath::Apply,
         protobuf: true,
         protobuf_cache_mib: 64,
-        protobuf_cache_percent: 10,
+        protobuf_cache_percent: 5,
         protobuf_reads: 1,
     })?;
     // The RSS figure means something only in a fresh process (`kcp-load
