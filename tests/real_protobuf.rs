@@ -234,6 +234,11 @@ fn collections(ns: &str, label: &str, node: &str) -> Vec<(String, String)> {
             format!("/api/v1/namespaces/{ns}/pods?{sel}"),
             format!("/api/v1/namespaces/{ns}/pods/p-0"),
         ),
+        // An empty list: a metadata-only one's items are `null`.
+        (
+            format!("/api/v1/namespaces/{ns}/pods?labelSelector=test%3D{label}-none"),
+            format!("/api/v1/namespaces/{ns}/pods/p-0"),
+        ),
         (
             format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}"),
             format!("/api/v1/namespaces/{ns}/pods/p-1"),

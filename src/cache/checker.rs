@@ -61,8 +61,11 @@ const CATCH_UP: Duration = Duration::from_secs(10);
 struct MetaList<'a> {
     #[serde(borrow)]
     metadata: ListMeta<'a>,
+    /// `null` in an empty list: the apiserver builds a
+    /// PartialObjectMetadataList by appending to a nil slice
+    /// (handlers/response.go asPartialObjectMetadataList).
     #[serde(borrow, default)]
-    items: Vec<MetaItem<'a>>,
+    items: Option<Vec<MetaItem<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -362,7 +365,7 @@ impl Checker {
                 }
                 (Some(_), _) => {}
             }
-            for item in page.items {
+            for item in page.items.into_iter().flatten() {
                 let m = item.metadata;
                 let key = if info.namespaced {
                     format!("{}/{}", m.namespace, m.name)
@@ -433,5 +436,16 @@ mod tests {
                 upstream: Some(8)
             })
         );
+    }
+
+    #[test]
+    fn an_empty_metadata_list_has_null_items() {
+        // kube-apiserver v1.36.2's answer for an empty resource.
+        let body = br#"{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"42"},"items":null}"#;
+        let page: MetaList<'_> = serde_json::from_slice(body).unwrap();
+        assert_eq!(page.metadata.resource_version, "42");
+        assert!(page.items.is_none());
+        let missing: MetaList<'_> = serde_json::from_slice(br#"{"metadata":{}}"#).unwrap();
+        assert!(missing.items.is_none());
     }
 }

@@ -187,9 +187,16 @@ fn json_list(
     }
     head.extend_from_slice(b"\",\"metadata\":");
     json_list_meta(&mut head, &page, rv);
-    head.extend_from_slice(b",\"items\":[");
     let strip = info.strip_item_type_meta;
     let items = page.items;
+    if metadata.is_some() && items.is_empty() {
+        // The apiserver builds a PartialObjectMetadataList by appending to
+        // a nil slice, which Go's encoding/json writes as `null`
+        // (handlers/response.go asPartialObjectMetadataList).
+        head.extend_from_slice(b",\"items\":null}\n");
+        return json_response(apimachinery::body::full(head.freeze()));
+    }
+    head.extend_from_slice(b",\"items\":[");
     let mut next = 0usize;
     let mut buf = head;
     let mut done = false;
@@ -502,5 +509,14 @@ mod tests {
         let empty = response(Page::default(), &info, 7, Representation::JSON).unwrap();
         let body = empty.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"{\"kind\":\"ConfigMapList\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"7\"},\"items\":[]}\n");
+        // A metadata-only list's empty items are `null`, as the
+        // apiserver's.
+        let metadata = Representation {
+            metadata: Some(MetaVersion::V1),
+            ..Representation::JSON
+        };
+        let empty = response(Page::default(), &info, 7, metadata).unwrap();
+        let body = empty.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"meta.k8s.io/v1\",\"metadata\":{\"resourceVersion\":\"7\"},\"items\":null}\n");
     }
 }

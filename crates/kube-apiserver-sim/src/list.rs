@@ -204,7 +204,11 @@ pub fn render(
             "kind": "PartialObjectMetadataList",
             "apiVersion": format!("meta.k8s.io/{version}"),
             "metadata": meta,
-            "items": items.iter().map(|o| table::partial_metadata(o, &version)).collect::<Vec<_>>(),
+            // The apiserver appends to a nil slice: an empty list's items
+            // are `null` (handlers/response.go asPartialObjectMetadataList).
+            "items": if items.is_empty() { Value::Null } else {
+                items.iter().map(|o| table::partial_metadata(o, &version)).collect()
+            },
         }),
     };
     respond::json(StatusCode::OK, &body)
