@@ -115,6 +115,37 @@ async fn a_restarted_proxy_resumes_from_its_snapshots_without_listing() {
     );
 }
 
+/// The first snapshots are written as soon as the initial lists land, not
+/// after `intervalSeconds` (60 s by default): a node that loses the
+/// apiserver, or crashes, in its first minute has them to restart from.
+#[tokio::test]
+async fn the_first_snapshots_are_written_as_soon_as_the_caches_are_synced() {
+    let dir = tempdir().join("snapshots");
+    let env = Env::start_with(SimConfig::default(), with_snapshots(dir.clone())).await;
+    assert_eq!(env.config.cache.persistence.interval_seconds, 60);
+    env.ready().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for resource in &env.config.cache.resources {
+        let group = if resource.group.is_empty() {
+            String::new()
+        } else {
+            format!(".{}", resource.group)
+        };
+        let file = dir.join(format!(
+            "{}.{}{group}.snapshot",
+            resource.resource, resource.version
+        ));
+        while !file.is_file() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {} within 10 s of the caches' first lists",
+                file.display()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
 #[tokio::test]
 async fn corrupt_truncated_or_foreign_snapshots_are_discarded_never_served() {
     let dir = tempdir().join("snapshots");

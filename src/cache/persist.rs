@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -80,11 +81,19 @@ pub struct Snapshots {
     dir: PathBuf,
     max_bytes: u64,
     upstream: String,
-    /// Size of each resource's current file, for the total bound.
-    sizes: Mutex<HashMap<String, u64>>,
+    /// Each resource's current file: its size (for the total bound) and
+    /// resourceVersion.
+    files: Mutex<HashMap<String, OnDisk>>,
     /// Whether the last process left the snapshots after a clean shutdown
     /// (`CLEAN`), with nothing served after them.
     clean_start: bool,
+}
+
+/// A snapshot file this process read or wrote.
+#[derive(Debug, Clone, Copy)]
+struct OnDisk {
+    bytes: u64,
+    rv: u64,
 }
 
 /// The file a cleanly stopped proxy leaves beside its snapshots: each was
@@ -151,7 +160,7 @@ impl Snapshots {
             dir: dir.to_path_buf(),
             max_bytes,
             upstream,
-            sizes: Mutex::new(HashMap::new()),
+            files: Mutex::new(HashMap::new()),
             clean_start,
         })
     }
@@ -236,7 +245,9 @@ impl Snapshots {
         let mut data = Vec::with_capacity(len as usize);
         file.take(self.max_bytes).read_to_end(&mut data)?;
         let (rv, objects) = self.decode(info, &data)?;
-        self.sizes.lock().insert(Self::file_name(info), len);
+        self.files
+            .lock()
+            .insert(Self::file_name(info), OnDisk { bytes: len, rv });
         Ok(Some((rv, objects)))
     }
 
@@ -323,14 +334,14 @@ impl Snapshots {
                 .sum::<u64>()
             + 32;
         let others: u64 = self
-            .sizes
+            .files
             .lock()
             .iter()
             .filter(|(k, _)| **k != name)
-            .map(|(_, v)| *v)
+            .map(|(_, f)| f.bytes)
             .sum();
         if others + size > self.max_bytes {
-            self.sizes.lock().remove(&name);
+            self.files.lock().remove(&name);
             match fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -348,7 +359,7 @@ impl Snapshots {
             let _ = fs::remove_file(&tmp);
             return Err(e.into());
         }
-        self.sizes.lock().insert(name, size);
+        self.files.lock().insert(name, OnDisk { bytes: size, rv });
         Ok(Some(size))
     }
 
@@ -391,9 +402,15 @@ impl Snapshots {
         file.sync_all()
     }
 
+    /// The resourceVersion of `info`'s snapshot on disk, when this process
+    /// read or wrote it.
+    pub fn rv_on_disk(&self, info: &ResourceInfo) -> Option<u64> {
+        self.files.lock().get(&Self::file_name(info)).map(|f| f.rv)
+    }
+
     /// Removes `info`'s snapshot (after it was found unusable).
     pub fn discard(&self, info: &ResourceInfo) {
-        self.sizes.lock().remove(&Self::file_name(info));
+        self.files.lock().remove(&Self::file_name(info));
         let _ = fs::remove_file(self.path(info));
     }
 }
@@ -471,7 +488,7 @@ impl Persister {
                 }
                 (s.objects().clone(), s.rv())
             };
-            if saved.get(&name) == Some(&rv) {
+            if saved.get(&name) == Some(&rv) || self.snapshots.rv_on_disk(&info) == Some(rv) {
                 continue;
             }
             let snapshots = self.snapshots.clone();
@@ -507,14 +524,22 @@ impl Persister {
         all
     }
 
-    /// Saves every `interval` until `shutdown`, then once more.
+    /// Saves each cache as soon as its first list lands (a node that
+    /// loses the apiserver in its first minute has its snapshots to
+    /// restart from), then every `interval` until `shutdown`, then once
+    /// more.
     pub async fn run(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
+        let mut first: FuturesUnordered<_> = self.caches.iter().map(|c| c.synced()).collect();
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(interval) => { self.save_all().await; }
+                Some(()) = first.next() => { self.save_all().await; }
+                _ = every.tick() => { self.save_all().await; }
             }
         }
+        drop(first);
         // After the last request (the caller stops serving first): when
         // every snapshot is current, the next process may serve them as
         // they are.

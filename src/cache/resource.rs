@@ -501,6 +501,13 @@ impl ResourceCache {
         reached
     }
 
+    /// Returns when the cache is synced (its first list landed, or it
+    /// resumed from a snapshot).
+    pub async fn synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
     /// Waits for the first list to land, for at most `timeout`. Returns
     /// whether the cache is synced.
     pub async fn wait_synced(&self, timeout: Duration) -> bool {
