@@ -318,8 +318,9 @@ pub struct PersistenceConfig {
     /// Directory of the snapshots, created 0700 if missing; files are
     /// 0600. Unset (default): no snapshots.
     pub directory: Option<PathBuf>,
-    /// Seconds between writes of the snapshots of resources that changed.
-    /// Default 60.
+    /// Seconds between writes of the snapshots of resources that changed,
+    /// after each cache's first snapshot (written as soon as its first
+    /// list lands). Default 60.
     pub interval_seconds: u64,
     /// Most bytes all snapshots may take; a resource that would not fit is
     /// not persisted. Default 536870912 (512 MiB).
