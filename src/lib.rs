@@ -372,8 +372,9 @@ pub async fn run(
     // kind of node impersonation every node request would be refused.
     // Not a readiness check: a tier restarted while the apiserver is down
     // serves its caches meanwhile; until the answer, node requests go
-    // upstream by constrained impersonation.
-    let node_impersonation = Arc::new(std::sync::OnceLock::new());
+    // upstream by constrained impersonation. It learns again when node
+    // requests are refused.
+    let node_impersonation = Arc::new(upstream::identity::TierImpersonation::default());
     if identity == Identity::Tier {
         let (upstream, token, mode, identity_refused) = (
             upstream.clone(),
@@ -382,17 +383,12 @@ pub async fn run(
             identity_refused.take(),
         );
         tokio::spawn(async move {
-            match upstream::identity::tier_node_impersonation(&upstream, &token).await {
-                Ok(found) => {
-                    tracing::info!(impersonation = ?found, "the tier acts upstream as its nodes by impersonation");
-                    let _ = mode.set(found);
+            mode.run(&upstream, &token, |message| {
+                if let Some(refused) = identity_refused {
+                    let _ = refused.send(message);
                 }
-                Err(message) => {
-                    if let Some(refused) = identity_refused {
-                        let _ = refused.send(message);
-                    }
-                }
-            }
+            })
+            .await;
         });
     }
     tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());

@@ -30,6 +30,7 @@ async fn control_plane() -> Option<&'static ControlPlane> {
         .get_or_init(|| {
             ControlPlane::start_or_skip(Options {
                 apiserver_args: vec!["--etcd-compaction-interval=10s".into()],
+                ..Options::default()
             })
         })
         .await

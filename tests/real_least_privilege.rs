@@ -276,6 +276,7 @@ async fn without_constrained_impersonation_the_proxy_stops_with_a_clear_error() 
     }
     let cp = ControlPlane::start(Options {
         apiserver_args: vec!["--feature-gates=ConstrainedImpersonation=false".into()],
+        ..Options::default()
     })
     .await
     .unwrap();

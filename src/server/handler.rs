@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use prometheus::IntGauge;
 use tracing::Instrument;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +24,7 @@ use crate::cache::resource::ResourceCache;
 use crate::cache::serve::{Answer, Read, serve};
 use crate::component::metrics::{Metrics, RequestLabels, Source};
 use crate::server::passthrough;
-use crate::upstream::identity::{Identity, NodeCredential, NodeImpersonation};
+use crate::upstream::identity::{Identity, NodeCredential, NodeImpersonation, TierImpersonation};
 use crate::upstream::{Credentials, Upstream};
 use apimachinery::body::{self, Body};
 use apimachinery::request::RequestInfo;
@@ -50,8 +50,8 @@ pub struct Handler {
     auth: Auth,
     shutdown: CancellationToken,
     known_resources: HashSet<String>,
-    /// A tier's way of acting as nodes, once learnt at start.
-    node_impersonation: Arc<OnceLock<NodeImpersonation>>,
+    /// A tier's way of acting as nodes, learnt from the apiserver.
+    node_impersonation: Arc<TierImpersonation>,
 }
 
 /// Decrements an in-flight gauge when dropped.
@@ -94,11 +94,10 @@ impl Handler {
         }
     }
 
-    /// Where a tier's way of acting as nodes is set once learnt
-    /// ([`crate::upstream::identity::tier_node_impersonation`]); until then,
-    /// constrained impersonation.
+    /// A tier's way of acting as nodes, as learnt from the apiserver
+    /// ([`TierImpersonation::run`]); until then, constrained impersonation.
     #[must_use]
-    pub fn with_node_impersonation(mut self, mode: Arc<OnceLock<NodeImpersonation>>) -> Handler {
+    pub fn with_node_impersonation(mut self, mode: Arc<TierImpersonation>) -> Handler {
         self.node_impersonation = mode;
         self
     }
@@ -324,6 +323,9 @@ impl Handler {
         credential: Credential,
         identity: Option<UserInfo>,
     ) -> (Response<Body>, Source) {
+        // A tier's node request, forwarded by impersonation: a refusal
+        // may mean the apiserver no longer treats it as the node.
+        let mut node_impersonated = false;
         let (headers, credentials) = match &credential {
             // Certificate users travel on the proxy's credentials,
             // impersonated; what they asked to impersonate is checked first.
@@ -337,12 +339,8 @@ impl Handler {
             // A tier forwards nodes (node proxies, their kubelets) as
             // themselves.
             Credential::Certificate(user) if self.identity == Identity::Tier => {
-                let mode = self
-                    .node_impersonation
-                    .get()
-                    .copied()
-                    .unwrap_or(NodeImpersonation::Constrained);
-                match as_any_node(user, req.headers(), mode) {
+                node_impersonated = true;
+                match as_any_node(user, req.headers(), self.node_impersonation.mode()) {
                     Ok(headers) => (headers, Credentials::Proxy),
                     Err(status) => return (status.into_response(), Source::Proxy),
                 }
@@ -414,6 +412,9 @@ impl Handler {
         match result {
             Ok(resp) => {
                 let (parts, mut body) = resp.into_parts();
+                if node_impersonated && parts.status == http::StatusCode::FORBIDDEN {
+                    self.node_impersonation.refused();
+                }
                 // A watch ends, cleanly, when this process stops serving:
                 // its client re-watches (from the successor, after a
                 // takeover) from its last resourceVersion.

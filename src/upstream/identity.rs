@@ -22,6 +22,7 @@
 //! error where it does not (clusters before 1.35).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -269,17 +270,16 @@ pub async fn confirm_node_access(
 }
 
 /// How a tier acts upstream as the nodes behind it (their certificate
-/// requests), decided once at start from what its credential may do
-/// ([`tier_node_impersonation`]). The apiserver's impersonation filter
-/// tries constrained modes before the legacy one
-/// (`staging/src/k8s.io/apiserver/pkg/endpoints/filters/impersonation/mode.go`).
+/// requests), learnt from the apiserver's own answer
+/// ([`learn_node_impersonation`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeImpersonation {
     /// Constrained impersonation (`impersonate:arbitrary-node` on
-    /// `nodes.authentication.k8s.io`, kube-apiserver 1.35+):
-    /// `Impersonate-User: system:node:<name>` alone; the apiserver gives the
-    /// node its fixed groups (`system:nodes`), and refuses a node
-    /// impersonation that names groups.
+    /// `nodes.authentication.k8s.io`, kube-apiserver 1.36, or 1.35 with
+    /// `ConstrainedImpersonation`): `Impersonate-User: system:node:<name>`
+    /// alone; the apiserver gives the node its fixed groups
+    /// (`system:nodes`), and refuses a node impersonation that names
+    /// groups.
     Constrained,
     /// Legacy impersonation (`impersonate` on `users` and on the group
     /// `system:nodes`): the apiserver gives the impersonated user only the
@@ -289,107 +289,220 @@ pub enum NodeImpersonation {
     Legacy,
 }
 
-/// What a tier's credential may do to act as nodes, asked once at start
-/// with SelfSubjectAccessReviews (anyone may create them): constrained
-/// impersonation of any node if allowed, otherwise legacy impersonation of
-/// users and of the group `system:nodes`. Transient failures (the
-/// apiserver down, `5xx`) are retried with a backoff up to 30 s, until an
-/// answer or `shutdown` (then [`NodeImpersonation::Constrained`]).
+/// The user a tier impersonates to learn how the apiserver treats its
+/// node impersonation (no such node need exist).
+const PROBE_NODE: &str = "system:node:kube-cache-proxy-impersonation-check";
+
+/// The fewest seconds between two re-learnings after refused node
+/// requests.
+const RELEARN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Learns, from the apiserver's own answer, how a tier's credential acts
+/// as a node: a SelfSubjectReview impersonating a node, first with
+/// `Impersonate-Group: system:nodes` (only legacy impersonation accepts a
+/// group with a node), then, if that is refused, with the user alone
+/// (constrained impersonation, `impersonate-on:arbitrary-node:create` on
+/// `selfsubjectreviews`). The mode is the first whose answer puts the node
+/// in `system:nodes`.
+///
+/// Legacy comes first because, for a credential allowed both, the
+/// apiserver's choice for a node user alone is not fixed: it tries first
+/// the mode that last succeeded for the same requestor
+/// (`staging/src/k8s.io/apiserver/pkg/endpoints/filters/impersonation/constrained_impersonation.go`
+/// `getImpersonatedUser`, its mode cache keyed by the requestor's name),
+/// so one legacy impersonation by that credential (a `kubectl --as` with
+/// `super-admin.conf`) turns every later node impersonation without a
+/// group into a user in `system:authenticated` alone, refused by the Node
+/// authorizer. With the group named, only legacy applies, always; and
+/// 1.34, or 1.35 without `ConstrainedImpersonation`, has no other.
+///
+/// `Ok(None)`: neither is allowed. `Err`: no answer (the apiserver down,
+/// `5xx`): try again.
 ///
 /// # Errors
-/// Neither is allowed: the message for the operator names both rights.
-pub async fn tier_node_impersonation(
+/// The reason no answer came.
+pub async fn learn_node_impersonation(
     upstream: &Upstream,
-    shutdown: &CancellationToken,
-) -> Result<NodeImpersonation, String> {
-    let mut backoff = Duration::from_millis(500);
-    loop {
-        let checks = async {
-            let constrained = self_access(
-                upstream,
-                "authentication.k8s.io",
-                "nodes",
-                "impersonate:arbitrary-node",
-                None,
-            )
-            .await?;
-            if constrained {
-                return Ok(Some(NodeImpersonation::Constrained));
-            }
-            let users = self_access(upstream, "", "users", "impersonate", None).await?;
-            let groups = self_access(
-                upstream,
-                "",
-                "groups",
-                "impersonate",
-                Some(apimachinery::impersonation::NODES_GROUP),
-            )
-            .await?;
-            Ok::<_, String>((users && groups).then_some(NodeImpersonation::Legacy))
+) -> Result<Option<(NodeImpersonation, Vec<String>)>, String> {
+    let nodes = apimachinery::impersonation::NODES_GROUP;
+    for mode in [NodeImpersonation::Legacy, NodeImpersonation::Constrained] {
+        let group = (mode == NodeImpersonation::Legacy).then_some(nodes);
+        let Some(groups) = impersonated_review(upstream, PROBE_NODE, group).await? else {
+            continue;
         };
-        let reason = match checks.await {
-            Ok(Some(mode)) => return Ok(mode),
-            Ok(None) => {
-                let version = apiserver_version(upstream).await;
-                return Err(format!(
-                    "kube-apiserver {version} does not let this tier's credential act as the \
-                     nodes behind it: it may neither impersonate nodes by constrained \
-                     impersonation (verb \"impersonate:arbitrary-node\" on \
-                     nodes.authentication.k8s.io, and \"impersonate-on:arbitrary-node:<verb>\" \
-                     on what nodes read and write; kube-apiserver 1.35 or later) nor by legacy \
-                     impersonation (verb \"impersonate\" on users and on the group \
-                     \"system:nodes\"); every node request would be refused. Apply \
-                     manifests/tier/rbac.yaml to the tier's ServiceAccount, or grant one of \
-                     these (docs/tier.md)"
-                ));
-            }
-            Err(e) => e,
-        };
-        tracing::warn!(%reason, retry_in = ?backoff, "cannot yet learn how the tier may act as its nodes");
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(NodeImpersonation::Constrained),
-            _ = tokio::time::sleep(backoff) => {}
+        if groups.iter().any(|g| g == nodes) {
+            return Ok(Some((mode, groups)));
         }
-        backoff = (backoff * 2).min(CONFIRM_MAX_BACKOFF);
+        tracing::warn!(
+            ?mode,
+            ?groups,
+            "node impersonation does not put the node in system:nodes"
+        );
+    }
+    Ok(None)
+}
+
+/// A tier's way of acting as the nodes behind it: learnt at start, and
+/// learnt again when the apiserver refuses node requests (RBAC changed,
+/// an apiserver of another version took over), at most every 30 s.
+#[derive(Debug, Default)]
+pub struct TierImpersonation {
+    /// 0 while not known (constrained impersonation is used), else
+    /// `1 + NodeImpersonation as u8`.
+    mode: AtomicU8,
+    relearn: tokio::sync::Notify,
+}
+
+impl TierImpersonation {
+    /// The mode node requests go upstream with now.
+    pub fn mode(&self) -> NodeImpersonation {
+        match self.mode.load(Ordering::Relaxed) {
+            2 => NodeImpersonation::Legacy,
+            _ => NodeImpersonation::Constrained,
+        }
+    }
+
+    fn set(&self, mode: NodeImpersonation) {
+        let v = match mode {
+            NodeImpersonation::Constrained => 1,
+            NodeImpersonation::Legacy => 2,
+        };
+        self.mode.store(v, Ordering::Relaxed);
+    }
+
+    /// A node request forwarded by impersonation was refused (`403`):
+    /// learn the mode again.
+    pub fn refused(&self) {
+        self.relearn.notify_one();
+    }
+
+    /// Learns the mode at start (retrying with a backoff up to 30 s while
+    /// the apiserver cannot answer), then again whenever
+    /// [`TierImpersonation::refused`] asks, until `shutdown`.
+    ///
+    /// # Errors
+    /// At start, neither mode is allowed: the message for the operator
+    /// names both rights (the tier would be refused every node request).
+    pub async fn run(
+        &self,
+        upstream: &Upstream,
+        shutdown: &CancellationToken,
+        refused_at_start: impl FnOnce(String),
+    ) {
+        let mut refused_at_start = Some(refused_at_start);
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let reason = match learn_node_impersonation(upstream).await {
+                Ok(Some((mode, groups))) => {
+                    if refused_at_start.take().is_some() {
+                        tracing::info!(impersonation = ?mode, ?groups, "the tier acts upstream as its nodes by impersonation");
+                    } else if mode != self.mode() {
+                        tracing::warn!(impersonation = ?mode, was = ?self.mode(), ?groups, "the tier now acts upstream as its nodes by another impersonation");
+                    }
+                    self.set(mode);
+                    backoff = Duration::from_millis(500);
+                    None
+                }
+                Ok(None) => {
+                    let version = apiserver_version(upstream).await;
+                    let message = neither_message(&version);
+                    match refused_at_start.take() {
+                        Some(refused) => return refused(message),
+                        None => tracing::error!(%message, "node requests are refused"),
+                    }
+                    None
+                }
+                Err(e) => Some(e),
+            };
+            match reason {
+                Some(reason) => {
+                    tracing::warn!(%reason, retry_in = ?backoff, "cannot yet learn how the tier may act as its nodes");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(CONFIRM_MAX_BACKOFF);
+                }
+                None => {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(RELEARN_INTERVAL) => {}
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = self.relearn.notified() => {}
+                    }
+                }
+            }
+        }
     }
 }
 
-/// Whether the proxy's own credential may `verb` `resource` (of `group`,
-/// named `name`, or any), by a SelfSubjectAccessReview.
-async fn self_access(
+fn neither_message(version: &str) -> String {
+    format!(
+        "kube-apiserver {version} does not let this tier's credential act as the nodes behind \
+         it: it may neither impersonate nodes by constrained impersonation (verb \
+         \"impersonate:arbitrary-node\" on nodes.authentication.k8s.io, and \
+         \"impersonate-on:arbitrary-node:<verb>\" on what nodes read and write; kube-apiserver \
+         1.36, or 1.35 with the ConstrainedImpersonation feature) nor by legacy impersonation \
+         (verb \"impersonate\" on users and on the group \"system:nodes\"); every node request \
+         would be refused. Apply manifests/tier/rbac.yaml to the tier's ServiceAccount, or \
+         grant one of these (docs/tier.md)"
+    )
+}
+
+/// The groups the apiserver gives `user` (with `group`, if any) when the
+/// proxy's credential impersonates them, by a SelfSubjectReview;
+/// `Ok(None)` when the impersonation is refused (`403`).
+async fn impersonated_review(
     upstream: &Upstream,
-    group: &str,
-    resource: &str,
-    verb: &str,
-    name: Option<&str>,
-) -> Result<bool, String> {
-    let mut attributes = serde_json::json!({"group": group, "resource": resource, "verb": verb});
-    if let Some(name) = name {
-        attributes["name"] = name.into();
-    }
+    user: &str,
+    group: Option<&str>,
+) -> Result<Option<Vec<String>>, String> {
     let review = serde_json::json!({
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": attributes},
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "SelfSubjectReview",
     });
     let body = serde_json::to_vec(&review).map_err(|e| e.to_string())?;
     let mut req = upstream
         .own_request(
             Method::POST,
-            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
             Some(body),
         )
         .map_err(|e| e.to_string())?;
-    req.headers_mut().insert(
+    let h = req.headers_mut();
+    h.insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    let (status, body) = own_exchange(upstream, req).await?;
-    if status != StatusCode::CREATED && status != StatusCode::OK {
-        return Err(format!("SelfSubjectAccessReview: {status}"));
+    h.insert(
+        "impersonate-user",
+        HeaderValue::from_str(user).map_err(|e| e.to_string())?,
+    );
+    if let Some(group) = group {
+        h.insert(
+            "impersonate-group",
+            HeaderValue::from_str(group).map_err(|e| e.to_string())?,
+        );
     }
-    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-    Ok(v["status"]["allowed"].as_bool() == Some(true))
+    let (status, body) = own_exchange(upstream, req).await?;
+    match status {
+        StatusCode::FORBIDDEN => Ok(None),
+        StatusCode::CREATED | StatusCode::OK => {
+            let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+            let groups = v["status"]["userInfo"]["groups"]
+                .as_array()
+                .map(|g| {
+                    g.iter()
+                        .filter_map(|g| g.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Ok(Some(groups))
+        }
+        other => Err(format!("SelfSubjectReview: {other}")),
+    }
 }
 
 /// Sends one of the proxy's own requests upstream, on its own credentials:

@@ -146,6 +146,7 @@ impl Topology {
                 // etcd's values as JSON: the reference reads them.
                 "--storage-media-type=application/json".into(),
             ],
+            ..Options::default()
         })
         .await
         .map_err(|e| anyhow!("starting the control plane: {e}"))?;

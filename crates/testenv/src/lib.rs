@@ -75,12 +75,35 @@ const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The service-account issuer (and default audience) of the control plane.
 pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc";
 
+/// The environment variable naming the kube-apiserver minor version
+/// (`1.34`) a control plane runs when its [`Options`] name none: the
+/// version matrix runs the real-apiserver tests once per version with it
+/// (README.md). Unset: the newest at hand.
+pub const VERSION_ENV: &str = "KUBE_TESTENV_APISERVER_VERSION";
+
 /// What to start.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Extra kube-apiserver flags, each `--name=value`, after the defaults
     /// (a later flag wins).
     pub apiserver_args: Vec<String>,
+    /// The kube-apiserver minor version (`"1.35"`), from
+    /// [`Assets::version`]; etcd and kubemark stay the control plane's.
+    /// `None`: [`VERSION_ENV`], else the newest.
+    pub version: Option<String>,
+}
+
+impl Options {
+    /// The apiserver version asked for: [`Options::version`], else
+    /// [`VERSION_ENV`].
+    pub fn wanted_version(&self) -> Option<String> {
+        self.version.clone().or_else(|| {
+            std::env::var(VERSION_ENV)
+                .ok()
+                .map(|v| v.trim().trim_start_matches('v').to_string())
+                .filter(|v| !v.is_empty())
+        })
+    }
 }
 
 /// A running etcd and kube-apiserver. Dropping it stops them.
@@ -88,6 +111,11 @@ pub struct Options {
 pub struct ControlPlane {
     dir: PathBuf,
     assets: Assets,
+    /// Where kube-apiserver comes from (another version than `assets`'s,
+    /// when asked).
+    apiserver_assets: Assets,
+    /// `/version`'s `gitVersion` (`v1.36.2`).
+    git_version: String,
     ca: Ca,
     port: u16,
     admin: Issued,
@@ -160,6 +188,10 @@ impl ControlPlane {
 
     async fn start_once(options: Options) -> Result<ControlPlane, Error> {
         let assets = Assets::locate()?;
+        let apiserver_assets = match options.wanted_version() {
+            Some(v) => Assets::version(&v)?,
+            None => assets.clone(),
+        };
         let dir = run_dir()?;
         let ca = Ca::new("kube-testenv-ca")?;
         let serving = ca.issue_server(
@@ -234,17 +266,19 @@ impl ControlPlane {
         apiserver_args.extend(options.apiserver_args);
         let apiserver = Process::spawn(
             "kube-apiserver",
-            &assets.binary("kube-apiserver"),
+            &apiserver_assets.binary("kube-apiserver"),
             &apiserver_args,
             &dir.join("kube-apiserver.log"),
         )
         .map_err(io_err("starting kube-apiserver"))?;
 
         let admin_kubeconfig = dir.join("admin.kubeconfig");
-        let cp = ControlPlane {
+        let mut cp = ControlPlane {
             admin_kubeconfig: admin_kubeconfig.clone(),
             dir,
             assets,
+            apiserver_assets,
+            git_version: String::new(),
             port,
             apiserver_args,
             etcd_port,
@@ -258,7 +292,53 @@ impl ControlPlane {
             &cp.kubeconfig_text(&cp.url(), "admin", &cp.admin),
         )?;
         cp.wait_ready(APISERVER_READY_TIMEOUT).await?;
+        cp.git_version = cp.read_version().await.map_err(|detail| Error::NotReady {
+            what: "kube-apiserver /version".into(),
+            detail,
+            log: String::new(),
+        })?;
         Ok(cp)
+    }
+
+    async fn read_version(&self) -> Result<String, String> {
+        let client = self.admin_client().await?;
+        let req = http::Request::get("/version")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        let text = client.request_text(req).await.map_err(|e| e.to_string())?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        v["gitVersion"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("no gitVersion in {text}"))
+    }
+
+    /// The apiserver's version, `/version`'s `gitVersion` (`v1.36.2`).
+    pub fn version(&self) -> &str {
+        &self.git_version
+    }
+
+    /// The apiserver's minor version (`36` for v1.36.2).
+    pub fn minor(&self) -> u32 {
+        self.git_version
+            .trim_start_matches('v')
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether the apiserver decides node and user impersonation by
+    /// constrained impersonation (KEP-5284: `ConstrainedImpersonation`,
+    /// alpha and off in 1.35, beta and on from 1.36).
+    pub fn has_constrained_impersonation(&self) -> bool {
+        let gate = |on: bool| format!("ConstrainedImpersonation={on}");
+        let named = |on: bool| {
+            self.apiserver_args
+                .iter()
+                .any(|a| a.starts_with("--feature-gates") && a.contains(&gate(on)))
+        };
+        (self.minor() >= 36 && !named(false)) || (self.minor() == 35 && named(true))
     }
 
     /// `https://127.0.0.1:<port>`.
@@ -472,7 +552,7 @@ impl ControlPlane {
         tokio::time::sleep(down).await;
         let fresh = Process::spawn(
             "kube-apiserver",
-            &self.assets.binary("kube-apiserver"),
+            &self.apiserver_assets.binary("kube-apiserver"),
             &self.apiserver_args,
             &self.dir.join("kube-apiserver.log"),
         )
@@ -498,12 +578,29 @@ impl ControlPlane {
         kubeconfig: &Path,
         extra: &[String],
     ) -> Result<Process, Error> {
-        if !self.assets.has_kubemark() {
+        self.hollow_from(&self.assets, morph, name, kubeconfig, extra)
+    }
+
+    /// [`ControlPlane::hollow`] with the kubemark of `kubemark` (another
+    /// version's, from [`Assets::version`]: a kubelet older than the
+    /// apiserver).
+    ///
+    /// # Errors
+    /// When kubemark is absent there or does not start.
+    pub fn hollow_from(
+        &self,
+        kubemark: &Assets,
+        morph: Morph,
+        name: &str,
+        kubeconfig: &Path,
+        extra: &[String],
+    ) -> Result<Process, Error> {
+        if !kubemark.has_kubemark() {
             return Err(Error::Io {
                 what: "hollow node".into(),
                 source: io::Error::new(
                     io::ErrorKind::NotFound,
-                    format!("no kubemark in {}", self.assets.dir.display()),
+                    format!("no kubemark in {}", kubemark.dir.display()),
                 ),
             });
         }
@@ -524,7 +621,7 @@ impl ControlPlane {
         let what = format!("{}-{name}", morph.as_str());
         Process::spawn(
             &what,
-            &self.assets.binary("kubemark"),
+            &kubemark.binary("kubemark"),
             &args,
             &self.dir.join(format!("{what}.log")),
         )
