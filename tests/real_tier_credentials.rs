@@ -5,7 +5,12 @@
 //!
 //! - the shipped ServiceAccount (`manifests/tier/rbac.yaml`: constrained
 //!   impersonation, `impersonate:arbitrary-node`);
-//! - an administrator's credential (`system:masters`);
+//! - an administrator's credential (`system:masters`), after that
+//!   credential has impersonated by legacy impersonation (as any `kubectl
+//!   --as` with kubeadm's `super-admin.conf` does): kube-apiserver 1.36
+//!   then decides its node impersonations without a group by legacy
+//!   impersonation too (it tries first the mode that last succeeded for
+//!   the requestor), which gives the node `system:authenticated` alone;
 //! - a ServiceAccount granted only the legacy `impersonate` verb on users
 //!   and groups, with which the apiserver gives the impersonated user only
 //!   the groups asked for: the tier must ask for `system:nodes`, or the
@@ -14,9 +19,10 @@
 //! and a credential with neither right makes the tier refuse to start,
 //! naming the missing right.
 //!
-//! The node is seen as itself when it may get its own Node (`200` or
-//! `404`) and is refused a Secret no pod of it mounts by the Node
-//! authorizer ("no relationship found between node").
+//! The node is seen as itself when a SelfSubjectReview through the tier
+//! shows it in `system:nodes`, it may get its own Node (`200` or `404`),
+//! and it is refused a Secret no pod of it mounts by the Node authorizer
+//! ("no relationship found between node").
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -120,6 +126,29 @@ async fn service_account(cp: &ControlPlane, admin: &Client, name: &str) -> Strin
     with_token(&cp.url(), &cp.ca_pem(), &token)
 }
 
+/// The groups a SelfSubjectReview by `client` with `headers` shows.
+async fn self_review(client: &Client, headers: &[(&str, &str)]) -> Vec<String> {
+    let mut h = vec![("content-type", "application/json")];
+    h.extend_from_slice(headers);
+    let body =
+        serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let r = client
+        .send(
+            http::Method::POST,
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            &h,
+            Some(serde_json::to_vec(&body).unwrap()),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["status"]["userInfo"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap().to_string())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tier_acts_as_its_nodes_with_any_credential_that_may_impersonate_them() {
     let Some(cp) = ControlPlane::shared().await else {
@@ -142,20 +171,45 @@ async fn a_tier_acts_as_its_nodes_with_any_credential_that_may_impersonate_them(
         .issue_client(&format!("system:node:{NODE}"), Some("system:nodes"))
         .unwrap();
 
-    for (what, upstream) in [
+    for (what, upstream, legacy_first) in [
         (
             "the shipped ServiceAccount",
             service_account(cp, &admin, "kube-cache-proxy-tier").await,
+            false,
         ),
         (
-            "an administrator (system:masters)",
+            "an administrator (system:masters) that impersonated by legacy impersonation before",
             cp.kubeconfig_text(&cp.url(), "admin", cp.admin()),
+            true,
         ),
         (
             "a ServiceAccount with legacy impersonation only",
             service_account(cp, &admin, "kcp-test-legacy-tier").await,
+            false,
         ),
     ] {
+        if legacy_first {
+            // One legacy impersonation by the credential (a node user with
+            // a group: only legacy impersonation accepts it)...
+            let legacy = self_review(
+                &admin,
+                &[
+                    ("impersonate-user", "system:node:kcp-test-primer"),
+                    ("impersonate-group", "system:nodes"),
+                ],
+            )
+            .await;
+            assert_eq!(legacy, ["system:nodes", "system:authenticated"]);
+            // ...and the apiserver decides its next node impersonation
+            // without a group by legacy impersonation too: the node is not
+            // in system:nodes.
+            let alone = self_review(
+                &admin,
+                &[("impersonate-user", "system:node:kcp-test-primer")],
+            )
+            .await;
+            assert_eq!(alone, ["system:authenticated"], "{what}");
+        }
         let dir = tempdir();
         let ca = Ca::new("tier-ca").unwrap();
         let mut tier = Running::start(&tier_config(cp, &dir, &ca, &upstream)).await;
@@ -178,6 +232,12 @@ async fn a_tier_acts_as_its_nodes_with_any_credential_that_may_impersonate_them(
         })
         .await;
         assert!(own == 200 || own == 404, "{what}: the node's own Node");
+        let groups = self_review(&node, &[]).await;
+        assert_eq!(
+            groups,
+            ["system:nodes", "system:authenticated"],
+            "{what}: the node as the apiserver sees it through the tier"
+        );
         let secret = node
             .get("/api/v1/namespaces/default/secrets/kcp-test-unmounted")
             .await;
@@ -215,4 +275,162 @@ async fn a_tier_acts_as_its_nodes_with_any_credential_that_may_impersonate_them(
     ] {
         assert!(message.contains(needle), "{needle:?} in: {message}");
     }
+}
+
+/// A ServiceAccount with the shipped tier's rights (constrained
+/// impersonation of nodes only), legacy impersonation granted later.
+const SWITCHING_RBAC: &str = r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: kcp-test-switching-tier
+  namespace: kube-system
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: kcp-test-switching-tier:tier
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: kube-cache-proxy-tier:node-impersonator
+subjects:
+  - kind: ServiceAccount
+    name: kcp-test-switching-tier
+    namespace: kube-system
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: kcp-test-switching-tier:cache
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: kube-cache-proxy-tier:cache
+subjects:
+  - kind: ServiceAccount
+    name: kcp-test-switching-tier
+    namespace: kube-system
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: kcp-test-switching-tier:auth-delegator
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:auth-delegator
+subjects:
+  - kind: ServiceAccount
+    name: kcp-test-switching-tier
+    namespace: kube-system
+"#;
+
+const SWITCHING_LEGACY: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: kcp-test-switching-tier:legacy
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: kcp-test-legacy-impersonator
+subjects:
+  - kind: ServiceAccount
+    name: kcp-test-switching-tier
+    namespace: kube-system
+"#;
+
+/// A tier whose node requests start being refused learns again how the
+/// apiserver treats its impersonation: here its credential is granted
+/// legacy impersonation after the tier started (by constrained
+/// impersonation) and uses it once; kube-apiserver then decides its node
+/// impersonations without a group by legacy impersonation, the node loses
+/// `system:nodes` and is refused its own Node, and the tier, on that
+/// refusal, switches to legacy impersonation with the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_learns_again_when_its_node_requests_are_refused() {
+    let Some(cp) = ControlPlane::shared().await else {
+        return;
+    };
+    if !cp.has_constrained_impersonation() {
+        eprintln!(
+            "skipping: kube-apiserver {} has no constrained impersonation",
+            cp.version()
+        );
+        return;
+    }
+    let admin = Client::new(
+        &cp.url(),
+        &cp.ca_pem(),
+        Auth::Cert(cp.admin().clone()),
+        false,
+    );
+    apply(&admin, include_str!("../manifests/tier/rbac.yaml")).await;
+    apply(&admin, TEST_RBAC).await;
+    apply(&admin, SWITCHING_RBAC).await;
+    let token = service_account_token(&admin, "kube-system", "kcp-test-switching-tier").await;
+    let dir = tempdir();
+    let ca = Ca::new("tier-ca").unwrap();
+    let upstream = with_token(&cp.url(), &cp.ca_pem(), &token);
+    let mut tier = Running::start(&tier_config(cp, &dir, &ca, &upstream)).await;
+    tier.ready().await;
+    let node_name = "switch-node-0";
+    let node = Client::new(
+        &tier.url,
+        &ca.cert_pem(),
+        Auth::Cert(
+            cp.issue_client(&format!("system:node:{node_name}"), Some("system:nodes"))
+                .unwrap(),
+        ),
+        false,
+    );
+    let path = format!("/api/v1/nodes/{node_name}");
+    let own = |what: &'static str| {
+        let (node, path) = (&node, &path);
+        eventually(Duration::from_secs(10), what, move || async move {
+            let r = node.get(path).await;
+            (r.status == 200 || r.status == 404).then_some(())
+        })
+    };
+    own("the node as itself, by constrained impersonation").await;
+
+    apply(&admin, SWITCHING_LEGACY).await;
+    let as_tier = Client::new(&cp.url(), &cp.ca_pem(), Auth::Token(token.clone()), false);
+    eventually(
+        Duration::from_secs(10),
+        "a legacy impersonation",
+        || async {
+            let r = as_tier
+                .send(
+                    http::Method::POST,
+                    "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                    &[
+                        ("content-type", "application/json"),
+                        ("impersonate-user", "system:node:kcp-test-primer"),
+                        ("impersonate-group", "system:nodes"),
+                    ],
+                    Some(
+                        br#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#
+                            .to_vec(),
+                    ),
+                )
+                .await;
+            (r.status == 201).then_some(())
+        },
+    )
+    .await;
+    let refused = node.get(&path).await;
+    assert_eq!(
+        refused.status,
+        403,
+        "the apiserver now decides the tier's node impersonation by legacy impersonation: {}",
+        refused.text()
+    );
+    own("the node as itself again, by legacy impersonation").await;
+    assert_eq!(
+        self_review(&node, &[]).await,
+        ["system:nodes", "system:authenticated"]
+    );
+    tier.stop().await.unwrap();
 }

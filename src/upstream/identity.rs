@@ -293,8 +293,8 @@ pub enum NodeImpersonation {
 /// node impersonation (no such node need exist).
 const PROBE_NODE: &str = "system:node:kube-cache-proxy-impersonation-check";
 
-/// The fewest seconds between two re-learnings after refused node
-/// requests.
+/// The least time between two re-learnings after refused node requests
+/// (the first follows the first refusal at once).
 const RELEARN_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Learns, from the apiserver's own answer, how a tier's credential acts
@@ -391,6 +391,7 @@ impl TierImpersonation {
     ) {
         let mut refused_at_start = Some(refused_at_start);
         let mut backoff = Duration::from_millis(500);
+        let mut last_relearn = None;
         loop {
             let reason = match learn_node_impersonation(upstream).await {
                 Ok(Some((mode, groups))) => {
@@ -426,12 +427,15 @@ impl TierImpersonation {
                 None => {
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(RELEARN_INTERVAL) => {}
-                    }
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
                         _ = self.relearn.notified() => {}
                     }
+                    if let Some(last) = last_relearn {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep_until(last + RELEARN_INTERVAL) => {}
+                        }
+                    }
+                    last_relearn = Some(tokio::time::Instant::now());
                 }
             }
         }
