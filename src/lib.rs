@@ -394,6 +394,16 @@ pub async fn run(
     tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     upstream.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     upstream.set_fallback_gauge(metrics.upstream_fallback_active.clone());
+    let server_info = Arc::new(upstream::ServerInfo::default());
+    {
+        let (server_info, upstream, gauge, token) = (
+            server_info.clone(),
+            upstream.clone(),
+            metrics.upstream_info.clone(),
+            token.clone(),
+        );
+        tokio::spawn(async move { server_info.run(upstream, gauge, token).await });
+    }
     upstream.spawn_primary_recheck(token.clone());
     let mut admin = Admin {
         metrics: metrics.clone(),
@@ -479,7 +489,8 @@ pub async fn run(
         &config.authentication,
         &config.authorization,
         auth_metrics,
-    );
+    )
+    .with_server_info(server_info);
     let handler = Arc::new(
         Handler::new(
             upstream,

@@ -225,7 +225,9 @@ proptest! {
         }
         h.append("impersonate-group", value);
         let _ = bearer_token(&h);
-        let _ = impersonation::requested(&h);
+        for filter in [impersonation::Filter::Constrained, impersonation::Filter::Legacy] {
+            let _ = impersonation::requested(&h, filter);
+        }
     }
 
     #[test]

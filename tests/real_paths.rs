@@ -325,12 +325,16 @@ async fn encoded_paths_are_answered_as_by_the_apiserver() {
         let before = sources(&env).await;
         let p = proxy.get(&path, &[]).await;
         let after = sources(&env).await;
-        assert_eq!(
-            d.status,
-            status,
-            "{path}: the apiserver's answer changed: {}",
-            d.text()
-        );
+        // Pinned for v1.36; others answer some paths otherwise (1.34: 200
+        // for a namespace `.`), and the proxy answers as each does.
+        if env.cp.minor() == 36 {
+            assert_eq!(
+                d.status,
+                status,
+                "{path}: the apiserver's answer changed: {}",
+                d.text()
+            );
+        }
         assert_same(&resp(&d), &resp(&p), &path);
         let delta: Vec<f64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
         let want = match from {

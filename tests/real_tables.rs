@@ -226,6 +226,15 @@ async fn pod_and_node_tables_match_the_apiserver() {
     let Some(cp) = ControlPlane::shared().await else {
         return;
     };
+    if cp.minor() != 36 {
+        // Other versions print otherwise (1.34 and 1.35: no architecture
+        // after the kernel version); the proxy passes Tables through.
+        eprintln!(
+            "skipping: the simulator prints as kube-apiserver v1.36, this is {}",
+            cp.version()
+        );
+        return;
+    }
     let real = Client::new(
         &cp.url(),
         &cp.ca_pem(),

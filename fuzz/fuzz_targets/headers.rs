@@ -38,5 +38,7 @@ fuzz_target!(|data: &[u8]| {
         headers.append(n, value);
     }
     let _ = bearer_token(&headers);
-    let _ = impersonation::requested(&headers);
+    for filter in [impersonation::Filter::Constrained, impersonation::Filter::Legacy] {
+        let _ = impersonation::requested(&headers, filter);
+    }
 });

@@ -1,9 +1,10 @@
-//! Impersonation requested by clients, decided as kube-apiserver v1.36
-//! decides it (legacy and constrained; see [`apimachinery::impersonation`]),
+//! Impersonation requested by clients, decided as the apiserver decides it
+//! (its constrained or legacy filter, [`crate::upstream::ServerInfo`]; see
+//! [`apimachinery::impersonation`]),
 //! each check a SubjectAccessReview through the proxy's decision cache.
 
 pub use apimachinery::impersonation::{
-    Check, LastModes, NODE_NAME_EXTRA, NODES_GROUP, Requested, node_name, requested,
+    Check, Filter, LastModes, NODE_NAME_EXTRA, NODES_GROUP, Requested, node_name, requested,
     service_account,
 };
 
@@ -81,12 +82,20 @@ impl Checker for Reviews<'_> {
 /// [`Refusal::Error`] when a review could not be made.
 pub async fn impersonate(
     reviewer: &AccessReviewer,
+    filter: Filter,
     last_modes: &LastModes,
     requester: &UserInfo,
     req: &Requested,
     request: &Attributes,
 ) -> Result<UserInfo, ImpersonationError> {
     let reviews = Reviews { reviewer, request };
-    apimachinery::impersonation::impersonate(&reviews, last_modes, requester, req, &request.verb)
-        .await
+    apimachinery::impersonation::impersonate(
+        &reviews,
+        filter,
+        last_modes,
+        requester,
+        req,
+        &request.verb,
+    )
+    .await
 }

@@ -25,13 +25,14 @@ pub use apimachinery::user::{
     ANONYMOUS_USER, AUTHENTICATED_GROUP, CREDENTIAL_ID_EXTRA, UNAUTHENTICATED_GROUP, UserInfo,
 };
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
 
 use crate::component::config::{AuthenticationConfig, AuthorizationConfig};
-use crate::upstream::Upstream;
+use crate::upstream::{ServerInfo, Upstream};
 use apimachinery::request::RequestInfo;
 use apimachinery::status::Status;
 
@@ -285,6 +286,8 @@ pub struct Auth {
     access: AccessReviewer,
     last_modes: LastModes,
     anonymous: bool,
+    /// The apiserver's impersonation filter, among what it is.
+    server: Arc<ServerInfo>,
 }
 
 // === impl Auth ===
@@ -322,7 +325,17 @@ impl Auth {
             ),
             last_modes: LastModes::default(),
             anonymous: authn.anonymous.enabled,
+            server: Arc::default(),
         }
+    }
+
+    /// Impersonation decided by the impersonation filter `server` learns
+    /// the apiserver runs (until then, and without this, kube-apiserver
+    /// 1.36's constrained one).
+    #[must_use]
+    pub fn with_server_info(mut self, server: Arc<ServerInfo>) -> Auth {
+        self.server = server;
+        self
     }
 
     /// Whether requests without credentials are `system:anonymous`
@@ -355,10 +368,12 @@ impl Auth {
             Credential::None if self.anonymous => UserInfo::anonymous(),
             Credential::None => return Err(AuthFailure::Unauthorized),
         };
-        match requested(headers).map_err(AuthFailure::Status)? {
+        let filter = self.server.impersonation_filter();
+        match requested(headers, filter).map_err(AuthFailure::Status)? {
             None => Ok(user),
             Some(req) => impersonate(
                 &self.access,
+                filter,
                 &self.last_modes,
                 &user,
                 &req,

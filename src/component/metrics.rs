@@ -244,6 +244,9 @@ pub struct Metrics {
     pub serving_certificate_expiry: IntGauge,
     /// 1 while `upstream.fallback` is used, else 0.
     pub upstream_fallback_active: IntGauge,
+    /// 1, labeled by the upstream apiserver's version and impersonation
+    /// filter, once learnt.
+    pub upstream_info: IntGaugeVec,
 }
 
 /// `reason` values of `upstream_errors_total` (from
@@ -379,6 +382,15 @@ impl Metrics {
             .namespace(NS),
         )?;
         registry.register(Box::new(upstream_fallback_active.clone()))?;
+        let upstream_info = IntGaugeVec::new(
+            Opts::new(
+                "upstream_info",
+                "A metric with a constant '1' value labeled by the upstream kube-apiserver's git_version (/version) and the impersonation filter it runs (constrained or legacy), as last learnt (at start, every 5 minutes, and when the upstream switches servers).",
+            )
+            .namespace(NS),
+            &["git_version", "impersonation"],
+        )?;
+        registry.register(Box::new(upstream_info.clone()))?;
         registry.register(Box::new(proxy_overhead.clone()))?;
         registry.register(Box::new(ready.clone()))?;
         registry.register(Box::new(serving_certificate_expiry.clone()))?;
@@ -427,6 +439,7 @@ impl Metrics {
             ready,
             serving_certificate_expiry,
             upstream_fallback_active,
+            upstream_info,
         })
     }
 

@@ -42,10 +42,12 @@ mod failover;
 mod kubeconfig;
 mod pool;
 mod request;
+mod server;
 mod site;
 
 pub use error::{UpstreamError, error_chain};
 pub use failover::Upstream;
 pub use kubeconfig::load_kube_config;
 pub use pool::UpstreamBody;
+pub use server::{ServerInfo, filter_name};
 pub use site::Credentials;

@@ -102,12 +102,14 @@ pub trait Checker {
 
 const EXTRA_PREFIX: &str = "impersonate-extra-";
 
-/// The impersonation a request asks for, if any.
+/// The impersonation a request asks for, if any, read as `filter` reads
+/// it.
 ///
 /// # Errors
 /// The apiserver's `400` when groups, extras or a uid are asked for without
-/// a user.
-pub fn requested(headers: &HeaderMap) -> Result<Option<Requested>, Box<Status>> {
+/// a user. (kube-apiserver 1.34's legacy filter answers that `500`, in
+/// plain text, a bug 1.35 fixed to this `400`: the proxy answers 1.35's.)
+pub fn requested(headers: &HeaderMap, filter: Filter) -> Result<Option<Requested>, Box<Status>> {
     let text = |v: &http::HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned();
     let user = headers
         .get("impersonate-user")
@@ -137,10 +139,17 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<Requested>, Box<Status>> 
         if groups.is_empty() && extra.is_empty() && uid.is_none() {
             return Ok(None);
         }
-        return Err(Box::new(Status::bad_request(format!(
-            "requested {} without impersonating a user name",
-            go_default_info(&user, uid.as_deref().unwrap_or(""), &groups, &extra)
-        ))));
+        let message = match filter {
+            Filter::Constrained => format!(
+                "requested {} without impersonating a user name",
+                go_default_info(&user, uid.as_deref().unwrap_or(""), &groups, &extra)
+            ),
+            Filter::Legacy => format!(
+                "requested {} without impersonating a user",
+                go_object_references(&groups, &extra, uid.as_deref())
+            ),
+        };
+        return Err(Box::new(Status::bad_request(message)));
     }
     Ok(Some(Requested {
         user,
@@ -148,6 +157,33 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<Requested>, Box<Status>> 
         groups,
         extra,
     }))
+}
+
+/// Go's `%v` of the legacy filter's `[]v1.ObjectReference` for what is
+/// asked besides a user (`filters/impersonation.go`
+/// `buildImpersonationRequests`): groups, extra values, the uid, each
+/// `{Kind Namespace Name UID APIVersion ResourceVersion FieldPath}`.
+fn go_object_references(
+    groups: &[String],
+    extra: &BTreeMap<String, Vec<String>>,
+    uid: Option<&str>,
+) -> String {
+    let reference = |kind: &str, name: &str, api_version: &str, field_path: &str| {
+        format!("{{{kind}  {name}  {api_version}  {field_path}}}")
+    };
+    let mut refs: Vec<String> = groups
+        .iter()
+        .map(|g| reference("Group", g, "", ""))
+        .collect();
+    for (key, values) in extra {
+        for v in values {
+            refs.push(reference("UserExtra", v, "authentication.k8s.io/v1", key));
+        }
+    }
+    if let Some(uid) = uid {
+        refs.push(reference("UID", uid, "authentication.k8s.io/v1", ""));
+    }
+    format!("[{}]", refs.join(" "))
 }
 
 /// Go's `%#v` of a `*user.DefaultInfo`.
@@ -180,6 +216,18 @@ fn go_default_info(
         quote(name),
         quote(uid)
     )
+}
+
+/// Which impersonation filter the apiserver runs
+/// (`staging/src/k8s.io/apiserver/pkg/server/config.go`): the constrained
+/// one with the `ConstrainedImpersonation` feature (beta and on from
+/// 1.36, alpha and off in 1.35), else the legacy one (1.34 and older).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// `WithConstrainedImpersonation`: every mode, legacy last.
+    Constrained,
+    /// `WithImpersonation`: legacy impersonation only.
+    Legacy,
 }
 
 /// The mode that last succeeded, by requester name (the apiserver's
@@ -307,11 +355,15 @@ fn target(check: &mut Check) -> Option<(&mut String, &mut String, &mut String, &
 /// denial), or [`Refusal::Error`] when a check could not be made.
 pub async fn impersonate<C: Checker>(
     checker: &C,
+    filter: Filter,
     last_modes: &LastModes,
     requester: &UserInfo,
     req: &Requested,
     verb: &str,
 ) -> Result<UserInfo, Refusal<C::Error>> {
+    if filter == Filter::Legacy {
+        return try_mode(checker, Mode::Legacy, requester, req, verb).await;
+    }
     let mut first: Option<Refusal<C::Error>> = None;
     let last = last_modes.0.get(&requester.name);
     let order = last
@@ -578,7 +630,7 @@ mod tests {
     #[test]
     fn parses_headers() {
         let mut h = HeaderMap::new();
-        assert_eq!(requested(&h).unwrap(), None);
+        assert_eq!(requested(&h, Filter::Constrained).unwrap(), None);
         h.insert("impersonate-user", HeaderValue::from_static("alice"));
         h.append("impersonate-group", HeaderValue::from_static("dev"));
         h.append("impersonate-group", HeaderValue::from_static("ops"));
@@ -590,18 +642,26 @@ mod tests {
             "impersonate-extra-example.com%2fscope",
             HeaderValue::from_static("b"),
         );
-        let r = requested(&h).unwrap().unwrap();
+        let r = requested(&h, Filter::Constrained).unwrap().unwrap();
         assert_eq!(r.user, "alice");
         assert_eq!(r.groups, vec!["dev", "ops"]);
         assert_eq!(r.extra["example.com/scope"], vec!["a", "b"]);
         let mut g = HeaderMap::new();
         g.insert("impersonate-group", HeaderValue::from_static("dev"));
         g.insert("impersonate-extra-k", HeaderValue::from_static("v"));
-        let s = requested(&g).unwrap_err();
+        let s = requested(&g, Filter::Constrained).unwrap_err();
         assert_eq!(s.code, 400);
         assert_eq!(
             s.message,
             r#"requested &user.DefaultInfo{Name:"", UID:"", Groups:[]string{"dev"}, Extra:map[string][]string{"k":[]string{"v"}}} without impersonating a user name"#
+        );
+        // kube-apiserver v1.35.6's legacy filter.
+        g.insert("impersonate-uid", HeaderValue::from_static("u-1"));
+        let s = requested(&g, Filter::Legacy).unwrap_err();
+        assert_eq!(s.code, 400);
+        assert_eq!(
+            s.message,
+            "requested [{Group  dev    } {UserExtra  v  authentication.k8s.io/v1  k} {UID  u-1  authentication.k8s.io/v1  }] without impersonating a user"
         );
     }
 

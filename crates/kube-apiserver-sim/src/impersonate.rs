@@ -81,7 +81,9 @@ pub async fn impersonate(
     graph: &(dyn NodeGraph + Sync),
     last_modes: &LastModes,
 ) -> Result<Option<UserInfo>, Status> {
-    let Some(wanted) = apimachinery::impersonation::requested(headers).map_err(|s| *s)? else {
+    let filter = apimachinery::impersonation::Filter::Constrained;
+    let Some(wanted) = apimachinery::impersonation::requested(headers, filter).map_err(|s| *s)?
+    else {
         return Ok(None);
     };
     let checks = Checks {
@@ -91,6 +93,8 @@ pub async fn impersonate(
     };
     match apimachinery::impersonation::impersonate(
         &checks,
+        // The simulator is kube-apiserver v1.36.
+        filter,
         last_modes,
         &request.user,
         &wanted,
