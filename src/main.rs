@@ -26,6 +26,19 @@ fn main() -> ExitCode {
     // Test builds only: fault injection points named in FAILPOINTS.
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
+    // Test builds only: a protobuf schema without the fields named in
+    // KUBE_CACHE_PROXY_TEST_HIDE_PROTOBUF_FIELDS (`<message>.<jsonName>`,
+    // comma-separated), as an older proxy's.
+    #[cfg(feature = "failpoints")]
+    if let Ok(fields) = std::env::var("KUBE_CACHE_PROXY_TEST_HIDE_PROTOBUF_FIELDS") {
+        apimachinery::protobuf::transcode::hide_fields(
+            fields
+                .split(',')
+                .filter_map(|f| f.trim().rsplit_once('.'))
+                .map(|(m, k)| (m.to_string(), k.to_string()))
+                .collect(),
+        );
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -10,16 +10,14 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use apimachinery::pki::Ca;
 use http::Method;
 use kube_cache_proxy::component::config::IdentityMode;
 use kube_testenv::{ControlPlane, Morph, Options};
 use serde_json::{Value, json};
 use support::Auth;
+use support::binary::{Binary, can_drop_capabilities};
 use support::client::Client;
 use support::real::{RealEnv, eventually, metric_sum};
 
@@ -104,166 +102,6 @@ async fn node_bound_token(admin: &Client, node: &str) -> String {
         .await;
     assert_eq!(r.status, 201, "{}", r.text());
     r.json()["status"]["token"].as_str().unwrap().to_string()
-}
-
-/// The binary, started with a shipped configuration (unchanged) and, for
-/// what only exists on a node, flags: loopback ports, certificate files,
-/// the upstream kubeconfig and the node's name.
-struct Binary {
-    child: tokio::process::Child,
-    port: u16,
-    admin_port: u16,
-    metrics_port: u16,
-    dir: PathBuf,
-    ca_pem: String,
-}
-
-impl Binary {
-    /// With the DaemonSet's configuration (`manifests/kube-cache-proxy.yaml`).
-    fn start(cp: &ControlPlane, upstream_kubeconfig: &str, node: &str) -> Binary {
-        Binary::start_with(
-            cp,
-            "manifests/kube-cache-proxy.yaml",
-            |_| upstream_kubeconfig.to_string(),
-            node,
-            false,
-        )
-    }
-
-    /// With `config` (relative to the repository), the upstream kubeconfig
-    /// `kubeconfig(dir)` writes (files it names go in `dir`), and, when
-    /// `no_capabilities`, the process as a static pod or the systemd unit
-    /// runs it: root without any capability (`setpriv`; only where the
-    /// test runs as root and has it, else as is).
-    fn start_with(
-        cp: &ControlPlane,
-        config: &str,
-        kubeconfig: impl FnOnce(&Path) -> String,
-        node: &str,
-        no_capabilities: bool,
-    ) -> Binary {
-        let dir = support::env::tempdir();
-        let upstream_kubeconfig = kubeconfig(&dir);
-        let ca = Ca::new("lp-binary").unwrap();
-        let serving = ca
-            .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
-            .unwrap();
-        let write = |name: &str, text: &str| {
-            let p = dir.join(name);
-            std::fs::write(&p, text).unwrap();
-            p
-        };
-        let free = || kube_testenv::free_port().unwrap();
-        let (port, admin_port, metrics_port) = (free(), free(), free());
-        let bin = env!("CARGO_BIN_EXE_kube-cache-proxy");
-        let mut command = if no_capabilities && can_drop_capabilities() {
-            let mut c = tokio::process::Command::new("setpriv");
-            c.args([
-                "--bounding-set=-all",
-                "--inh-caps=-all",
-                "--ambient-caps=-all",
-                "--",
-                bin,
-            ]);
-            c
-        } else {
-            tokio::process::Command::new(bin)
-        };
-        let child = command
-            .arg("--config")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(config))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
-            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-            .arg("--tls-cert-file")
-            .arg(write("tls.crt", &serving.cert_pem))
-            .arg("--tls-private-key-file")
-            .arg(write("tls.key", &serving.key_pem))
-            .arg("--client-ca-file")
-            .arg(write("client-ca.crt", &cp.ca_pem()))
-            .arg("--upstream-kubeconfig")
-            .arg(write("upstream.kubeconfig", &upstream_kubeconfig))
-            .args(["--node-name", node])
-            // The node's state directory, here the test's own.
-            .arg("--cache-persistence-directory")
-            .arg(dir.join("state/cache"))
-            .arg("--takeover-socket-path")
-            .arg(dir.join("state/takeover.sock"))
-            .stdout(Stdio::null())
-            // A file, not a pipe nobody drains while it runs.
-            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        Binary {
-            child,
-            port,
-            admin_port,
-            metrics_port,
-            dir,
-            ca_pem: ca.cert_pem(),
-        }
-    }
-
-    /// A plain-HTTP GET on the admin port: (status, body), or `None` while
-    /// nothing listens.
-    async fn admin_get(&self, path: &str) -> Option<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.admin_port))
-            .await
-            .ok()?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        let status = out.get(9..12)?.parse().ok()?;
-        Some((status, out.split_once("\r\n\r\n")?.1.to_string()))
-    }
-
-    fn client(&self, auth: Auth) -> Client {
-        Client::new(
-            &format!("https://127.0.0.1:{}", self.port),
-            &self.ca_pem,
-            auth,
-            false,
-        )
-    }
-
-    fn metrics_client(&self, auth: Auth) -> Client {
-        Client::new(
-            &format!("https://127.0.0.1:{}", self.metrics_port),
-            &self.ca_pem,
-            auth,
-            false,
-        )
-    }
-
-    /// What it wrote to stderr so far.
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
-    }
-}
-
-/// Whether this test runs as root with `setpriv` at hand, to run the proxy
-/// as root without capabilities.
-fn can_drop_capabilities() -> bool {
-    let root = std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
-    root && std::process::Command::new("setpriv")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// Before constrained impersonation (kube-apiserver 1.34 and older, or

@@ -854,3 +854,148 @@ async fn tables_pass_through_to_the_apiserver() {
         "Table reads passed through: {before} -> {after}, {reads} made"
     );
 }
+
+/// A proxy older than the apiserver loses nothing. Its protobuf schema
+/// lacks a field the apiserver sends: here `PodSpec.hostname`, hidden by a
+/// test build's `KUBE_CACHE_PROXY_TEST_HIDE_PROTOBUF_FIELDS`, as an older
+/// proxy's schema lacks a newer apiserver's fields. A protobuf watch it
+/// serves from its cache ends, cleanly, at the last object it could
+/// encode, never with a truncated one; the resumed watch, and every
+/// protobuf read of pods after, pass through with the apiserver's bytes.
+/// JSON, kept as the apiserver sent it, carries the field byte for byte
+/// from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_proxy_passes_protobuf_through_rather_than_lose_a_field() {
+    use kube_testenv::ControlPlane;
+    use support::Auth;
+    use support::binary::Binary;
+    let Some(cp) = ControlPlane::shared().await else {
+        return;
+    };
+    let admin_kubeconfig = cp.kubeconfig_text(&cp.url(), "admin", cp.admin());
+    let proxy = Binary::start_with_env(
+        cp,
+        "config/kube-cache-proxy.yaml",
+        |_| admin_kubeconfig,
+        "older-node",
+        false,
+        &[(
+            "KUBE_CACHE_PROXY_TEST_HIDE_PROTOBUF_FIELDS",
+            "k8s.io.api.core.v1.PodSpec.hostname",
+        )],
+    );
+    eventually(Duration::from_secs(60), "the older proxy ready", || async {
+        matches!(proxy.admin_get("/readyz").await, Some((200, _))).then_some(())
+    })
+    .await;
+    let admin = Auth::Cert(cp.admin().clone());
+    let direct = Client::new(&cp.url(), &cp.ca_pem(), admin.clone(), false);
+    let through = proxy.client(admin);
+    let ns = "pb-older";
+    for (path, body) in [
+        (
+            "/api/v1/namespaces".to_string(),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        ),
+        (
+            format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        ),
+    ] {
+        let r = direct.post_json(&path, &body).await;
+        assert!(r.status == 201 || r.status == 409, "{}", r.text());
+    }
+    let pods = format!("/api/v1/namespaces/{ns}/pods");
+    let pod = |name: &str, hostname: Option<&str>| {
+        let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": "older-node", "containers": [{"name": "c", "image": "i"}]}});
+        if let Some(h) = hostname {
+            p["spec"]["hostname"] = json!(h);
+        }
+        p
+    };
+    let r = direct.post_json(&pods, &pod("known", None)).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let rv = r.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let served = |source: &'static str| {
+        let proxy = &proxy;
+        async move {
+            let (_, text) = proxy.admin_get("/metrics").await.unwrap_or_default();
+            metric_sum(
+                &text,
+                "kube_cache_proxy_cache_reads_total",
+                &[("resource", "pods"), ("source", source)],
+            )
+        }
+    };
+
+    // A protobuf watch from `rv`, served from the cache once it has it.
+    let from_rv = format!("{pods}?watch=1&resourceVersion={rv}&allowWatchBookmarks=true");
+    let cached_before = served("cache").await;
+    let mut w = eventually(Duration::from_secs(20), "a watch from the cache", || {
+        let (through, from_rv) = (&through, &from_rv);
+        async move {
+            let w = through.watch(from_rv, &[("accept", PB)]).await;
+            (w.status == 200).then_some(w)
+        }
+    })
+    .await;
+    assert!(
+        served("cache").await > cached_before,
+        "served from the cache"
+    );
+    // A pod with the field the proxy does not know.
+    let r = direct
+        .post_json(&pods, &pod("newer", Some("h-newer")))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    // The watch ends, without a frame for it (every frame whole).
+    while let Some(frame) = w.next_protobuf(Duration::from_secs(15)).await {
+        let (t, obj) = event(&frame);
+        assert_eq!(t, "BOOKMARK", "no object the proxy could not encode whole");
+        assert!(!obj.windows(7).any(|w| w == b"h-newer"));
+    }
+    // Resumed, it passes through: the apiserver's own frames.
+    let passed_before = served("upstream").await;
+    let (mut d, mut p) = tokio::join!(
+        direct.watch(&from_rv, &[("accept", PB)]),
+        through.watch(&from_rv, &[("accept", PB)])
+    );
+    let (de, pe) = (
+        protobuf_events(&mut d, 1, "direct").await,
+        protobuf_events(&mut p, 1, "older proxy").await,
+    );
+    assert_eq!(de, pe, "the apiserver's event, byte for byte");
+    assert_eq!(de[0].0, "ADDED");
+    assert!(de[0].1.windows(7).any(|w| w == b"h-newer"));
+    assert!(served("upstream").await > passed_before);
+    // Protobuf gets and lists: the apiserver's bytes.
+    for path in [
+        format!("{pods}/newer?resourceVersion=0"),
+        format!("{pods}?resourceVersion=0"),
+    ] {
+        same(&direct, &through, &path, PB).await;
+    }
+    // JSON, from the cache, carries the field as the apiserver sent it.
+    let cached_before = served("cache").await;
+    let p = same(
+        &direct,
+        &through,
+        &format!("{pods}/newer?resourceVersion=0"),
+        "application/json",
+    )
+    .await;
+    assert_eq!(p.json()["spec"]["hostname"], "h-newer");
+    assert!(served("cache").await > cached_before, "JSON from the cache");
+    let (_, text) = proxy.admin_get("/metrics").await.unwrap();
+    assert!(
+        metric_sum(
+            &text,
+            "kube_cache_proxy_cache_encode_failures_total",
+            &[("resource", "pods")]
+        ) >= 1.0
+    );
+}

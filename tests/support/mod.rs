@@ -1,6 +1,7 @@
 //! Shared support for the proxy's integration tests.
 #![allow(dead_code, unused_imports)]
 
+pub mod binary;
 pub mod client;
 pub mod differential;
 pub mod env;

@@ -112,8 +112,37 @@ enum Key {
     Ignored,
 }
 
+/// The fields a test hides from the schema: an older proxy's, which does
+/// not know fields a newer apiserver sends (feature `test-schema`).
+#[cfg(feature = "test-schema")]
+static HIDDEN: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// Hides fields from the schema, as if this build were older than the
+/// apiserver: each `(message, json)` is a message's full protobuf name
+/// (`k8s.io.api.core.v1.PodSpec`) and a field's JSON name. Only the first
+/// call counts. Test-only (feature `test-schema`).
+#[cfg(feature = "test-schema")]
+pub fn hide_fields(fields: Vec<(String, String)>) {
+    let _ = HIDDEN.set(fields);
+}
+
+#[cfg(feature = "test-schema")]
+fn hidden(message: &Message, key: &str) -> bool {
+    HIDDEN
+        .get()
+        .is_some_and(|h| h.iter().any(|(m, k)| m == message.name && k == key))
+}
+
+#[cfg(not(feature = "test-schema"))]
+fn hidden(_: &Message, _: &str) -> bool {
+    false
+}
+
 /// The field of `message` (or of a struct it embeds) that `key` is.
 fn key_of(message: &'static Message, key: &str) -> Option<Key> {
+    if hidden(message, key) {
+        return None;
+    }
     for f in message.fields {
         match f.presence {
             Presence::Inline => {
