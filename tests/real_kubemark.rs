@@ -339,3 +339,126 @@ async fn hollow_node_runs_through_the_proxy() {
     eprintln!("apiserver watches added by the proxy, the hollow kubelet and kube-proxy:\n{report}");
     assert!(kubelet.exited().is_none() && kube_proxy.exited().is_none());
 }
+
+/// Kubelet skew: nodes are upgraded after the control plane, so for weeks
+/// kubelets are older than the apiserver (two minors at most, by the
+/// version skew policy). A kubemark v1.34 kubelet and kube-proxy, through
+/// the proxy in front of the control plane's apiserver (v1.36 unless the
+/// version matrix chose another), register, run their pods and sync their
+/// informers, every list and watch of a cached resource answered from the
+/// cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_kubelet_runs_its_pods_through_the_proxy() {
+    const OLD: &str = "1.34";
+    const NODE: &str = "hollow-skew";
+    let Some(cp) = ControlPlane::shared().await else {
+        return;
+    };
+    let kubemark = match kube_testenv::Assets::version(OLD) {
+        Ok(a) if a.has_kubemark() => a,
+        Ok(a) => {
+            eprintln!("skipping: no kubemark in {}", a.dir.display());
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+    };
+    let env = RealEnv::start().await.unwrap();
+    let ns = env.namespace("hollow-skew").await;
+    let kubelet_kc = env.proxy_kubeconfig(
+        "kubelet-skew",
+        &format!("system:node:{NODE}"),
+        Some("system:nodes"),
+    );
+    let kubelet = cp
+        .hollow_from(&kubemark, Morph::Kubelet, NODE, &kubelet_kc, &[])
+        .unwrap();
+    let proxy_kc = env.proxy_kubeconfig("kube-proxy-skew", "system:kube-proxy", None);
+    let kube_proxy = cp
+        .hollow_from(&kubemark, Morph::Proxy, NODE, &proxy_kc, &[])
+        .unwrap();
+    let admin = env.apiserver();
+    let node = eventually(
+        Duration::from_secs(90),
+        "the old kubelet's node Ready",
+        || {
+            let admin = admin.clone();
+            async move {
+                let r = admin.get(&format!("/api/v1/nodes/{NODE}")).await;
+                (r.status == 200 && condition_true(&r.json(), "Ready")).then(|| r.json())
+            }
+        },
+    )
+    .await;
+    let version = node["status"]["nodeInfo"]["kubeletVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(version.starts_with(&format!("v{OLD}.")), "{version}");
+    for i in 0..3 {
+        env.create(
+            &format!("/api/v1/namespaces/{ns}/pods"),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": format!("skew-{i}")},
+                   "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}),
+        )
+        .await;
+    }
+    let pods = format!("/api/v1/namespaces/{ns}/pods");
+    eventually(
+        Duration::from_secs(90),
+        "the old kubelet's pods Running",
+        || {
+            let (admin, pods) = (admin.clone(), pods.clone());
+            async move {
+                let items = admin.get(&pods).await.json()["items"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                (items.len() == 3
+                    && items
+                        .iter()
+                        .all(|p| p["status"]["phase"] == "Running" && condition_true(p, "Ready")))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    let m = eventually(
+        Duration::from_secs(60),
+        "the old kubelet's and kube-proxy's watches served from the cache",
+        || {
+            let (env, kube_proxy) = (&env, &kube_proxy);
+            async move {
+                let synced = kube_proxy
+                    .log_tail(200_000)
+                    .lines()
+                    .any(|l| l.contains("Caches are synced") && l.contains("\"service config\""));
+                let m = env.proxy_metrics().await;
+                (synced
+                    && KUBELET_RESOURCES
+                        .iter()
+                        .chain(&["endpointslices"])
+                        .all(|r| requests(&m, "watch", r, "cache") >= 1.0))
+                .then_some(m)
+            }
+        },
+    )
+    .await;
+    for resource in KUBELET_RESOURCES.iter().chain(&["endpointslices"]) {
+        assert_eq!(
+            requests(&m, "list", resource, "upstream")
+                + requests(&m, "watch", resource, "upstream"),
+            0.0,
+            "{resource}: the old kubelet's or kube-proxy's reads went upstream\n{m}"
+        );
+    }
+    eprintln!(
+        "kubelet {version} through the proxy in front of {}",
+        cp.version()
+    );
+    assert!(kubelet.exited().is_none() && kube_proxy.exited().is_none());
+}

@@ -81,6 +81,13 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
     )
     .await;
     apply(&admin, include_str!("../manifests/tier/rbac.yaml")).await;
+    if !cp.has_constrained_impersonation() {
+        apply(
+            &admin,
+            include_str!("../manifests/tier/rbac-legacy-impersonation.yaml"),
+        )
+        .await;
+    }
     apply(&admin, include_str!("../manifests/node/rbac.yaml")).await;
     let baseline = apiserver_watches(&admin.get("/metrics").await.text());
 

@@ -166,6 +166,14 @@ async fn a_tier_acts_as_its_nodes_with_any_credential_that_may_impersonate_them(
     )
     .await;
     apply(&admin, include_str!("../manifests/tier/rbac.yaml")).await;
+    if !cp.has_constrained_impersonation() {
+        // Before 1.36 the shipped account needs legacy impersonation.
+        apply(
+            &admin,
+            include_str!("../manifests/tier/rbac-legacy-impersonation.yaml"),
+        )
+        .await;
+    }
     apply(&admin, TEST_RBAC).await;
     let node_cert = cp
         .issue_client(&format!("system:node:{NODE}"), Some("system:nodes"))

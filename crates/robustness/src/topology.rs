@@ -27,6 +27,10 @@ const NODE_RBAC: &str = include_str!("../../../manifests/node/rbac.yaml");
 const TIER_CONFIG: &str = include_str!("../../../manifests/tier/config.yaml");
 const TIER_RBAC: &str = include_str!("../../../manifests/tier/rbac.yaml");
 const TIER_SERVICE_ACCOUNT: &str = include_str!("../../../manifests/tier/serviceaccount.yaml");
+/// For apiservers without constrained impersonation (1.34, 1.35 by
+/// default): the tier's legacy impersonation of its nodes.
+const TIER_LEGACY_RBAC: &str =
+    include_str!("../../../manifests/tier/rbac-legacy-impersonation.yaml");
 
 /// How big.
 #[derive(Debug, Clone)]
@@ -164,6 +168,9 @@ impl Topology {
         )?;
         for manifest in [NODE_RBAC, TIER_SERVICE_ACCOUNT, TIER_RBAC] {
             apply(&admin, manifest).await?;
+        }
+        if !cp.has_constrained_impersonation() {
+            apply(&admin, TIER_LEGACY_RBAC).await?;
         }
         let reader_token = reader_account(&admin).await?;
         for ns in NAMESPACES {

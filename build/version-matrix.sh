@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The version matrix: the real-apiserver tests (tests/real_*.rs: every
+# representation, resourceVersion rules, streaming lists, consistent
+# reads, pagination, compaction, authorization, hollow kubelets, the short
+# robustness run) against each older supported kube-apiserver minor
+# version, one run per version, the control plane's etcd and kubemark
+# staying the newest's. `cargo test` runs them against the newest
+# (v1.36); this runs 1.34 and 1.35, or the versions given:
+#
+#   build/version-matrix.sh [1.34 1.35 ...]
+#
+# The binaries come from ../shared/k8s/kubernetes-v<version>.*-linux-amd64.tar.xz,
+# or from setup-envtest's directories beside $KUBEBUILDER_ASSETS
+# (<version>.<patch>-linux-amd64); a version not at hand is skipped with
+# one line per test binary (kube-testenv, KUBE_TESTENV_APISERVER_VERSION).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+versions=("$@")
+[ ${#versions[@]} -gt 0 ] || versions=(1.34 1.35)
+tests=()
+for f in tests/real_*.rs; do
+    tests+=(--test "$(basename "$f" .rs)")
+done
+for v in "${versions[@]}"; do
+    echo "== the real-apiserver tests against kube-apiserver $v"
+    start=$SECONDS
+    KUBE_TESTENV_APISERVER_VERSION=$v cargo test --locked --all-features "${tests[@]}"
+    echo "== kube-apiserver $v: $((SECONDS - start)) s"
+done
