@@ -11,7 +11,7 @@ use prometheus::{
 const NS: &str = "kube_cache_proxy";
 
 /// `reason` values of `upstream_watch_restarts_total`.
-pub const WATCH_RESTART_REASONS: &[&str] = &["closed", "error", "expired", "heal"];
+pub const WATCH_RESTART_REASONS: &[&str] = &["closed", "error", "expired", "heal", "rewound"];
 /// `type` values of `cache_events_received_total`: the watch event types.
 pub const EVENT_TYPES: &[&str] = &["ADDED", "MODIFIED", "DELETED", "BOOKMARK"];
 /// `reason` values of `cache_watchers_terminated_total`.
@@ -156,7 +156,7 @@ impl CacheMetrics {
             history: gauge("cache_history_events", "Events in the watch cache's history.")?,
             resource_version: gauge("cache_resource_version", "The watch cache's resourceVersion (newest event or bookmark applied).")?,
             relists: counter("upstream_relists_total", "Upstream lists (the first, and relists after 410 Gone).", &[])?,
-            watch_restarts: counter("upstream_watch_restarts_total", "Upstream watches restarted, by reason (closed|error|expired|heal).", &["reason"])?,
+            watch_restarts: counter("upstream_watch_restarts_total", "Upstream watches restarted, by reason (closed|error|expired|heal|rewound).", &["reason"])?,
             watchers: gauge("cache_watchers", "Open watches served from the cache.")?,
             events_received: counter("cache_events_received_total", "Events received from upstream, by type.", &["type"])?,
             events_dispatched: counter("cache_events_dispatched_total", "Event frames queued to watchers (one per watcher an event reaches).", &[])?,

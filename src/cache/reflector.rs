@@ -16,7 +16,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::upstream::UpstreamBody;
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -171,6 +171,9 @@ impl Reflector {
             if self.shutdown.is_cancelled() {
                 break;
             }
+            // Resuming a watch from an RV upstream gave before (a snapshot,
+            // a broken watch): its history may have gone back since.
+            let mut verify = resume;
             let listed = if std::mem::take(&mut resume) {
                 Ok(())
             } else {
@@ -200,13 +203,19 @@ impl Reflector {
                 }
             }
             loop {
+                if std::mem::take(&mut verify) {
+                    self.verify_history();
+                }
                 let rv = self.cache.rv();
                 let timeout = 300 + fastrand::u64(0..300);
+                let started = Instant::now();
                 let result = tokio::select! {
                     _ = self.shutdown.cancelled() => break 'relist,
-                    () = self.cache.relist_requested() => {
-                        self.cache.metrics.watch_restart("heal");
-                        tracing::warn!(resource = %check, rv, "relisting to heal a divergence from upstream");
+                    why = self.cache.relist_requested() => {
+                        self.cache.metrics.watch_restart(why);
+                        if why == "heal" {
+                            tracing::warn!(resource = %check, rv, "relisting to heal a divergence from upstream");
+                        }
                         continue 'relist;
                     }
                     r = self.watch(rv, timeout, false) => r,
@@ -215,6 +224,10 @@ impl Reflector {
                     Ok(_) => {
                         self.cache.metrics.watch_restart("closed");
                         backoff = BACKOFF.build();
+                        // Ended by upstream before its timeout (an
+                        // apiserver stopping, a switch of servers).
+                        verify = started.elapsed() + Duration::from_secs(5)
+                            < Duration::from_secs(timeout);
                     }
                     Err(ReflectorError::Expired(message)) => {
                         self.cache.metrics.watch_restart("expired");
@@ -233,6 +246,7 @@ impl Reflector {
                     }
                     Err(error) => {
                         self.cache.metrics.watch_restart("error");
+                        verify = true;
                         tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
                         if self.cache.resumed() == Resumed::CatchingUp {
                             self.cache.set_resumed(Resumed::Unreachable);
@@ -357,7 +371,14 @@ impl Reflector {
     async fn catch_up(self) {
         let mut delay = Duration::from_millis(200);
         while self.cache.resumed() == Resumed::CatchingUp && !self.shutdown.is_cancelled() {
-            let caught_up = match probe_rv(self.upstream.clone(), self.cache.info()).await {
+            // Through `upstream_rv`: a target below the cache's RV is
+            // upstream's history gone back, not a cache caught up.
+            let (upstream, info) = (self.upstream.clone(), self.cache.info().clone());
+            let target = self
+                .cache
+                .upstream_rv(Instant::now(), move || probe_rv(upstream, &info))
+                .await;
+            let caught_up = match target {
                 Ok(target) => {
                     self.cache
                         .wait_fresh(target, Duration::from_secs(5), "ready")
@@ -378,6 +399,36 @@ impl Reflector {
             }
             delay = (delay * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// Checks, in the background, that upstream's history did not go back
+    /// below the cache's RV (a consistent `limit=1` list, shared with
+    /// concurrent consistent reads): a watch resumed from an RV of a
+    /// history etcd no longer has would be accepted, and wait silently for
+    /// the new history to reach it. If it did, the running watch stops and
+    /// the cache relists ([`ResourceCache::rewound`]).
+    /// While upstream cannot answer (an apiserver restarting on a restored
+    /// etcd), it asks again every second, for up to a minute.
+    fn verify_history(&self) {
+        let (cache, upstream) = (self.cache.clone(), self.upstream.clone());
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            for _ in 0..60 {
+                let (upstream, info) = (upstream.clone(), cache.info().clone());
+                let answer = cache
+                    .upstream_rv(Instant::now(), move || probe_rv(upstream, &info))
+                    .await;
+                match answer {
+                    Ok(_) => return,
+                    Err(e) if e == super::resource::REWOUND => return,
+                    Err(_) => {}
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        });
     }
 
     /// Opens progress watches while readers wait for freshness.

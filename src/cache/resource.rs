@@ -98,6 +98,11 @@ type Probe = Shared<BoxFuture<'static, Result<u64, String>>>;
 /// per interval then.
 pub const REPROBE_BEHIND: Duration = Duration::from_secs(1);
 
+/// [`ResourceCache::upstream_rv`]'s error when upstream's current
+/// resourceVersion is below the cache's ([`ResourceCache::rewound`]).
+pub const REWOUND: &str =
+    "upstream's current resourceVersion is below the cache's: its history went back";
+
 /// A resource's cache.
 pub struct ResourceCache {
     info: ResourceInfo,
@@ -106,10 +111,13 @@ pub struct ResourceCache {
     rv: watch::Sender<u64>,
     synced: watch::Sender<bool>,
     progress_wanted: Notify,
-    /// A relist asked for by the consistency checker.
+    /// A relist asked for by the consistency checker, or because
+    /// upstream's history went back.
     relist_wanted: Notify,
     /// Whether the relist asked for heals a divergence.
     healing: AtomicBool,
+    /// Whether the relist asked for follows upstream's history back.
+    rewinding: AtomicBool,
     /// After a healing relist that had to reset the cache: watches from
     /// below this RV get `410` (their clients relist from the healed
     /// cache) instead of passing through to an apiserver that would
@@ -218,6 +226,7 @@ impl ResourceCache {
             progress_wanted: Notify::new(),
             relist_wanted: Notify::new(),
             healing: AtomicBool::new(false),
+            rewinding: AtomicBool::new(false),
             expire_below: AtomicU64::new(0),
             bookmark_template: Mutex::new(None),
             behind_since: Mutex::new(None),
@@ -264,6 +273,16 @@ impl ResourceCache {
     pub fn replace(&self, items: Vec<CachedObject>, list_rv: u64) {
         let outcome = {
             let mut s = self.state.lock();
+            let before = s.rv();
+            if s.is_synced() && list_rv < before {
+                // Upstream's history went back (etcd restored from a
+                // backup without `--bump-revision`): the resourceVersions
+                // up to `before` named versions of another history, which
+                // the new one may give again to other objects. A watch
+                // from any of them gets `410`, and its client relists.
+                self.expire_below.fetch_max(before + 1, Ordering::AcqRel);
+                tracing::warn!(resource = %self.info.gvr.resource, list_rv, before, "upstream listed below the cache's resourceVersion: its history went back; the cache is reset, and watches from resourceVersions up to the old one get 410 Gone");
+            }
             let o = s.replace(items, list_rv, Instant::now());
             self.observe(&s, &o);
             self.times.lock().listed = Some(Instant::now());
@@ -555,9 +574,33 @@ impl ResourceCache {
         self.relist_wanted.notify_one();
     }
 
-    /// Resolves when a relist is asked for.
-    pub async fn relist_requested(&self) {
+    /// Resolves when a relist is asked for, with why: `heal` (the
+    /// consistency checker) or `rewound` (upstream's history went back).
+    pub async fn relist_requested(&self) -> &'static str {
         self.relist_wanted.notified().await;
+        if self.rewinding.swap(false, Ordering::AcqRel) {
+            "rewound"
+        } else {
+            "heal"
+        }
+    }
+
+    /// Whether `upstream_rv`, upstream's current resourceVersion from a
+    /// consistent read, is below the cache's: upstream's history went
+    /// back (etcd restored from a backup without `--bump-revision`; a
+    /// consistent read's resourceVersion is at least every revision etcd
+    /// ever gave, unless its history was replaced). The reflector is then
+    /// asked to relist.
+    pub fn rewound(&self, upstream_rv: u64) -> bool {
+        let rv = self.rv();
+        if !self.is_synced() || upstream_rv >= rv {
+            return false;
+        }
+        if !self.rewinding.swap(true, Ordering::AcqRel) {
+            tracing::warn!(resource = %self.info.gvr.resource, upstream_rv, cache_rv = rv, "upstream's current resourceVersion is below the cache's: its history went back (etcd restored from a backup without --bump-revision?); relisting");
+        }
+        self.relist_wanted.notify_one();
+        true
     }
 
     /// Watches from below this RV get `410` (see the field).
@@ -595,7 +638,11 @@ impl ResourceCache {
             }
             .boxed()
         });
-        probe.await
+        let target = probe.await?;
+        if self.rewound(target) {
+            return Err(REWOUND.to_string());
+        }
+        Ok(target)
     }
 }
 

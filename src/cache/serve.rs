@@ -654,6 +654,17 @@ async fn serve_watch(
         (false, Some(rv)) if rv > 0 && rv <= cache.compacted() => {
             return Answer::PassThrough(COMPACTED);
         }
+        // A resourceVersion of a history upstream no longer has (etcd
+        // restored without `--bump-revision`: `ResourceCache::replace`),
+        // even one the new history has reached or will reach: the client
+        // relists, instead of waiting for the new history to reach it and
+        // applying its changes to the old one's state.
+        (false, Some(rv)) if rv > 0 && rv < cache.expire_below() => {
+            return Answer::Served(watcher::error_response(
+                &Status::expired(format!("too old resource version: {rv} ({})", cache.rv())),
+                neg.body.encoding,
+            ));
+        }
         (false, Some(rv)) if rv > 0 => Start::After(rv),
         // sendInitialEvents=false from "now".
         (false, _) => Start::After(cache.rv()),

@@ -273,7 +273,14 @@ impl State {
             self.synced = true;
             return Outcome::default();
         }
-        match self.diff(&fresh, list_rv) {
+        // A list below the cache's RV (upstream's history went back) has
+        // no free RVs to give its difference: the cache starts over.
+        let changes = if list_rv < self.rv {
+            None
+        } else {
+            self.diff(&fresh, list_rv)
+        };
+        match changes {
             Some(changes) => {
                 let mut outcome = Outcome::default();
                 let from = self.rv;
