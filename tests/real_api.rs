@@ -933,3 +933,47 @@ async fn impersonated_writes_are_decided_as_the_apiserver_decides() {
         expected
     );
 }
+
+/// What the proxy learns the apiserver's impersonation filter from
+/// (`upstream/server.rs`): its refusal of an impersonation of `/version`
+/// names `impersonate-on:<mode>:<verb>` (the constrained filter) or the
+/// `impersonate` verb on `users` (the legacy one), on every version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_impersonation_filter_shows_in_its_refusals() {
+    let Some(env) = env().await else { return };
+    let nobody = env.direct(env.cert("imp-probe-nobody", None));
+    let r = nobody
+        .send(
+            Method::GET,
+            "/version",
+            &[("impersonate-user", "kube-cache-proxy:impersonation-check")],
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    let message = r.json()["message"].as_str().unwrap().to_string();
+    let (constrained, legacy) = (
+        message.contains(" cannot impersonate-on:"),
+        message.contains(" cannot impersonate resource \"users\""),
+    );
+    assert_eq!(
+        (constrained, legacy),
+        (
+            env.cp.has_constrained_impersonation(),
+            !env.cp.has_constrained_impersonation()
+        ),
+        "{message}"
+    );
+    // And the proxy in front of it learnt the same.
+    let m = env.proxy_metrics().await;
+    let filter = if constrained { "constrained" } else { "legacy" };
+    assert_eq!(
+        support::real::metric_sum(
+            &m,
+            "kube_cache_proxy_upstream_info",
+            &[("git_version", env.cp.version()), ("impersonation", filter)]
+        ),
+        1.0,
+        "{m}"
+    );
+}

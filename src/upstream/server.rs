@@ -164,12 +164,10 @@ async fn version(upstream: &Upstream) -> Result<String, String> {
 /// The filter that refused an impersonation of [`PROBE_USER`]; `None`
 /// when nothing refused it.
 async fn probe_filter(upstream: &Upstream) -> Result<Option<Filter>, String> {
+    // A non-resource path: the impersonation filter runs before the
+    // request is served (and `/version` is readable by anyone).
     let mut req = upstream
-        .own_request(
-            Method::GET,
-            "/api/v1/namespaces/default/configmaps/kube-cache-proxy-impersonation-check",
-            None,
-        )
+        .own_request(Method::GET, "/version", None)
         .map_err(|e| e.to_string())?;
     req.headers_mut()
         .insert("impersonate-user", HeaderValue::from_static(PROBE_USER));
@@ -218,7 +216,7 @@ mod tests {
     fn the_filter_is_read_from_the_refusal_else_the_version() {
         // kube-apiserver v1.36.2 and v1.34.9's answers to a node's
         // credential impersonating a user.
-        let constrained = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"configmaps \"kube-cache-proxy-impersonation-check\" is forbidden: User \"system:node:n\" cannot impersonate-on:user-info:get resource \"configmaps\" in API group \"\" in the namespace \"default\"","reason":"Forbidden","details":{"name":"kube-cache-proxy-impersonation-check","kind":"configmaps"},"code":403}"#;
+        let constrained = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden: User \"system:node:n\" cannot impersonate-on:user-info:get path \"/version\"","reason":"Forbidden","details":{},"code":403}"#;
         let legacy = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"users \"kube-cache-proxy:impersonation-check\" is forbidden: User \"system:node:n\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope","reason":"Forbidden","details":{"name":"kube-cache-proxy:impersonation-check","kind":"users"},"code":403}"#;
         assert_eq!(filter_of_refusal(constrained), Some(Filter::Constrained));
         assert_eq!(filter_of_refusal(legacy), Some(Filter::Legacy));
