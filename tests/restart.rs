@@ -42,14 +42,11 @@ async fn metric(running: &Running, prefix: &str) -> f64 {
         .sum()
 }
 
-/// Lists of every resource the sim has served.
+/// Lists of every resource the sim has served, but the `limit=1` probes
+/// (a resumed watch checks that upstream's history did not go back:
+/// `cache/reflector.rs`).
 fn lists(sim: &Sim) -> u64 {
-    sim.stats()
-        .requests_by_verb_resource
-        .iter()
-        .filter(|((verb, _), _)| verb == "list")
-        .map(|(_, n)| n)
-        .sum()
+    sim.full_lists(None)
 }
 
 /// Waits until the proxy's `resourceVersion=0` list of namespace `r`'s

@@ -367,7 +367,8 @@ impl Load {
 
     /// Lists the sim has served for the cached resources.
     fn upstream_lists(&self) -> u64 {
-        self.sim.stats().lists("configmaps") + self.sim.stats().lists("pods")
+        // Not the `limit=1` probes a resumed watch makes.
+        self.sim.full_lists(Some("configmaps")) + self.sim.full_lists(Some("pods"))
     }
 
     /// Stops the load and checks what it saw: no failure, every change once

@@ -206,6 +206,17 @@ impl Sim {
         self.state.stats.requests()
     }
 
+    /// Lists received of `resource` (of every resource with `None`), but
+    /// `limit=1` lists: a proxy's probes of the current resourceVersion,
+    /// not lists of the objects.
+    pub fn full_lists(&self, resource: Option<&str>) -> u64 {
+        self.requests()
+            .iter()
+            .filter(|r| r.verb == "list" && resource.is_none_or(|res| r.resource == res))
+            .filter(|r| !r.query.split('&').any(|p| p == "limit=1"))
+            .count() as u64
+    }
+
     /// Serves another resource (a custom resource, or another version).
     pub fn register_resource(&self, spec: ResourceSpec) {
         self.state.registry.register(spec);
