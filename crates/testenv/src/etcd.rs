@@ -114,3 +114,10 @@ pub fn bump_and_compact(port: u16, target: u64) -> io::Result<u64> {
     )?;
     Ok(head)
 }
+
+/// Whether the member at `port` leads its cluster now.
+pub fn is_leader(port: u16) -> io::Result<bool> {
+    let v = Conn::open(port)?.call("/v3/maintenance/status", &json!({}))?;
+    let member = v["header"]["member_id"].as_str().unwrap_or_default();
+    Ok(!member.is_empty() && v["leader"].as_str() == Some(member))
+}

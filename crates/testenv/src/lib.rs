@@ -23,13 +23,13 @@
 
 pub mod assets;
 mod etcd;
+mod instance;
 pub mod process;
 
 use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,8 @@ use apimachinery::pki::{Ca, Issued};
 
 pub use assets::{Assets, AssetsError};
 pub use process::Process;
+
+use instance::{Apiserver, Member};
 
 /// Why a control plane could not start.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +94,14 @@ pub struct Options {
     /// [`Assets::version`]; etcd and kubemark stay the control plane's.
     /// `None`: [`VERSION_ENV`], else the newest.
     pub version: Option<String>,
+    /// How many kube-apiservers (0 counts as 1), each on its own port.
+    pub apiservers: usize,
+    /// How many etcd members (0 counts as 1). More than one is a cluster
+    /// of the cluster etcd ([`Assets::etcd_cluster`]), and with as many
+    /// apiservers as members each apiserver uses its own member only, as
+    /// in kubeadm's stacked topology; otherwise every apiserver uses every
+    /// member.
+    pub etcd_members: usize,
 }
 
 impl Options {
@@ -107,27 +117,22 @@ impl Options {
     }
 }
 
-/// A running etcd and kube-apiserver. Dropping it stops them.
+/// A running etcd and kube-apiserver (or several of each). Dropping it
+/// stops them.
 #[derive(Debug)]
 pub struct ControlPlane {
     dir: PathBuf,
     assets: Assets,
-    /// Where kube-apiserver comes from (another version than `assets`'s,
-    /// when asked).
-    apiserver_assets: Assets,
-    /// `/version`'s `gitVersion` (`v1.36.2`).
+    /// `/version`'s `gitVersion` (`v1.36.2`) of the first apiserver, at
+    /// start.
     git_version: String,
     ca: Ca,
-    port: u16,
     admin: Issued,
     admin_kubeconfig: PathBuf,
     apiserver_args: Vec<String>,
-    etcd_port: u16,
-    etcd_args: Vec<String>,
-    etcd_data: PathBuf,
-    // Stopped in reverse order of declaration: the apiserver first.
-    apiserver: Mutex<Process>,
-    etcd: Mutex<Process>,
+    // Stopped in reverse order of declaration: the apiservers first.
+    apiservers: Vec<Apiserver>,
+    members: Vec<Member>,
 }
 
 static SHARED: tokio::sync::OnceCell<Option<ControlPlane>> = tokio::sync::OnceCell::const_new();
@@ -217,80 +222,82 @@ impl ControlPlane {
             write_private(&dir.join(name), content)?;
         }
 
-        let etcd_port = free_port()?;
-        let peer_port = free_port()?;
-        let etcd_data = dir.join("etcd");
-        let etcd_args = vec![
-            "--name=testenv".into(),
-            format!("--data-dir={}", etcd_data.display()),
-            format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-            format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-            "--unsafe-no-fsync".into(),
-            "--quota-backend-bytes=4294967296".into(),
-            "--log-level=error".into(),
-        ];
-        let etcd = Process::spawn(
-            "etcd",
-            &assets.binary("etcd"),
-            &etcd_args,
-            &dir.join("etcd.log"),
-        )
-        .map_err(io_err("starting etcd"))?;
-        wait_for_port(&etcd, etcd_port, Duration::from_secs(30))?;
-
-        let port = free_port()?;
-        let mut apiserver_args = vec![
-            format!("--secure-port={port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-            format!("--cert-dir={}", dir.join("apiserver-certs").display()),
-            format!("--client-ca-file={}", dir.join("ca.crt").display()),
-            format!("--tls-cert-file={}", dir.join("apiserver.crt").display()),
-            format!(
-                "--tls-private-key-file={}",
-                dir.join("apiserver.key").display()
-            ),
-            format!(
-                "--service-account-key-file={}",
-                dir.join("sa.pub").display()
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                dir.join("sa.key").display()
-            ),
-            format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
-            "--authorization-mode=Node,RBAC".into(),
-            "--enable-admission-plugins=NodeRestriction".into(),
-            "--anonymous-auth=true".into(),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
-            "--allow-privileged=true".into(),
-            "--endpoint-reconciler-type=none".into(),
-            "--profiling=false".into(),
-        ];
-        apiserver_args.extend(options.apiserver_args);
-        let apiserver = Process::spawn(
-            "kube-apiserver",
-            &apiserver_assets.binary("kube-apiserver"),
-            &apiserver_args,
-            &dir.join("kube-apiserver.log"),
-        )
-        .map_err(io_err("starting kube-apiserver"))?;
+        let members = start_members(&assets, &dir, options.etcd_members.max(1))?;
+        let n = options.apiservers.max(1);
+        let stacked = members.len() > 1 && members.len() == n;
+        let mut apiservers = Vec::with_capacity(n);
+        let mut apiserver_args = Vec::new();
+        for i in 0..n {
+            let port = if n == 1 { free_port()? } else { stable_port()? };
+            let etcd_servers = if stacked {
+                members[i].url()
+            } else {
+                members
+                    .iter()
+                    .map(Member::url)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let mut args = vec![
+                format!("--secure-port={port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--etcd-servers={etcd_servers}"),
+                format!(
+                    "--cert-dir={}",
+                    dir.join(format!("apiserver-certs-{i}")).display()
+                ),
+                format!("--client-ca-file={}", dir.join("ca.crt").display()),
+                format!("--tls-cert-file={}", dir.join("apiserver.crt").display()),
+                format!(
+                    "--tls-private-key-file={}",
+                    dir.join("apiserver.key").display()
+                ),
+                format!(
+                    "--service-account-key-file={}",
+                    dir.join("sa.pub").display()
+                ),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    dir.join("sa.key").display()
+                ),
+                format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
+                "--authorization-mode=Node,RBAC".into(),
+                "--enable-admission-plugins=NodeRestriction".into(),
+                "--anonymous-auth=true".into(),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                "--allow-privileged=true".into(),
+                "--endpoint-reconciler-type=none".into(),
+                "--profiling=false".into(),
+            ];
+            args.extend(options.apiserver_args.iter().cloned());
+            if i == 0 {
+                apiserver_args = args.clone();
+            }
+            let name = if n == 1 {
+                "kube-apiserver".to_string()
+            } else {
+                format!("kube-apiserver-{i}")
+            };
+            let log = dir.join(format!("{name}.log"));
+            apiservers.push(Apiserver::spawn(
+                name,
+                port,
+                args,
+                log,
+                apiserver_assets.clone(),
+            )?);
+        }
 
         let admin_kubeconfig = dir.join("admin.kubeconfig");
         let mut cp = ControlPlane {
             admin_kubeconfig: admin_kubeconfig.clone(),
             dir,
             assets,
-            apiserver_assets,
             git_version: String::new(),
-            port,
             apiserver_args,
-            etcd_port,
-            etcd_args,
-            etcd_data,
-            apiserver: Mutex::new(apiserver),
-            etcd: Mutex::new(etcd),
+            apiservers,
+            members,
             admin,
             ca,
         };
@@ -298,17 +305,26 @@ impl ControlPlane {
             &admin_kubeconfig,
             &cp.kubeconfig_text(&cp.url(), "admin", &cp.admin),
         )?;
-        cp.wait_ready(APISERVER_READY_TIMEOUT).await?;
-        cp.git_version = cp.read_version().await.map_err(|detail| Error::NotReady {
-            what: "kube-apiserver /version".into(),
-            detail,
-            log: String::new(),
-        })?;
+        for i in 0..n {
+            cp.wait_ready(i, APISERVER_READY_TIMEOUT).await?;
+        }
+        cp.git_version = cp
+            .apiserver_version(0)
+            .await
+            .map_err(|detail| Error::NotReady {
+                what: "kube-apiserver /version".into(),
+                detail,
+                log: String::new(),
+            })?;
         Ok(cp)
     }
 
-    async fn read_version(&self) -> Result<String, String> {
-        let client = self.admin_client().await?;
+    /// `/version`'s `gitVersion` of apiserver `i`, asked now.
+    ///
+    /// # Errors
+    /// When it cannot be read.
+    pub async fn apiserver_version(&self, i: usize) -> Result<String, String> {
+        let client = self.admin_client_of(i).await?;
         let req = http::Request::get("/version")
             .body(Vec::new())
             .map_err(|e| e.to_string())?;
@@ -348,26 +364,42 @@ impl ControlPlane {
         (self.minor() >= 36 && !named(false)) || (self.minor() == 35 && named(true))
     }
 
-    /// `https://127.0.0.1:<port>`.
+    /// `https://127.0.0.1:<port>` of the first apiserver.
     pub fn url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.port)
+        self.apiserver_url(0)
     }
 
-    /// The apiserver's port.
+    /// The first apiserver's port.
     pub fn port(&self) -> u16 {
-        self.port
+        self.apiservers[0].port
     }
 
-    /// etcd's client URL (`http://127.0.0.1:<port>`, no TLS): its v3 JSON
-    /// gateway (`/v3/kv/range`, `/v3/watch`, `/v3/kv/compaction`) for tests
-    /// that read etcd's history or compact it.
+    /// How many apiservers run (or are down).
+    pub fn apiserver_count(&self) -> usize {
+        self.apiservers.len()
+    }
+
+    /// `https://127.0.0.1:<port>` of apiserver `i`.
+    pub fn apiserver_url(&self, i: usize) -> String {
+        format!("https://127.0.0.1:{}", self.apiservers[i].port)
+    }
+
+    /// etcd's client URL (`http://127.0.0.1:<port>`, no TLS), of the first
+    /// member: its v3 JSON gateway (`/v3/kv/range`, `/v3/watch`,
+    /// `/v3/kv/compaction`) for tests that read etcd's history or compact
+    /// it.
     pub fn etcd_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.etcd_port)
+        self.members[0].url()
     }
 
-    /// The apiserver's process id.
+    /// Every etcd member's client URL.
+    pub fn etcd_urls(&self) -> Vec<String> {
+        self.members.iter().map(Member::url).collect()
+    }
+
+    /// The first apiserver's process id.
     pub fn apiserver_pid(&self) -> u32 {
-        self.apiserver.lock().map(|p| p.pid()).unwrap_or_default()
+        self.apiservers[0].with(Process::pid).unwrap_or_default()
     }
 
     /// The CA that signed the apiserver's serving certificate and that the
@@ -433,17 +465,17 @@ impl ControlPlane {
         Ok(path)
     }
 
-    /// Waits until `/readyz` answers `ok`.
-    async fn wait_ready(&self, timeout: Duration) -> Result<(), Error> {
+    /// Waits until apiserver `i`'s `/readyz` answers `ok`.
+    async fn wait_ready(&self, i: usize, timeout: Duration) -> Result<(), Error> {
         let not_ready = |detail: String| Error::NotReady {
-            what: "kube-apiserver".into(),
+            what: self.apiservers[i].name.clone(),
             detail,
-            log: self.apiserver_log_tail(),
+            log: self.apiserver_log_tail_of(i),
         };
-        let client = self.admin_client().await.map_err(&not_ready)?;
+        let client = self.admin_client_of(i).await.map_err(&not_ready)?;
         let deadline = Instant::now() + timeout;
         loop {
-            let exited = self.apiserver.lock().ok().and_then(|p| p.exited());
+            let exited = self.apiservers[i].with(Process::exited).ok().flatten();
             if let Some(status) = exited {
                 return Err(not_ready(format!("exited with {status}")));
             }
@@ -462,12 +494,20 @@ impl ControlPlane {
         }
     }
 
-    /// A `kube` client acting as `admin`.
+    /// A `kube` client acting as `admin`, of the first apiserver.
     ///
     /// # Errors
     /// When the kubeconfig does not load (a bug here).
     pub async fn admin_client(&self) -> Result<kube::Client, String> {
-        let text = self.kubeconfig_text(&self.url(), "admin", &self.admin);
+        self.admin_client_of(0).await
+    }
+
+    /// A `kube` client acting as `admin`, of apiserver `i`.
+    ///
+    /// # Errors
+    /// When the kubeconfig does not load (a bug here).
+    pub async fn admin_client_of(&self, i: usize) -> Result<kube::Client, String> {
+        let text = self.kubeconfig_text(&self.apiserver_url(i), "admin", &self.admin);
         let kc = kube::config::Kubeconfig::from_yaml(&text).map_err(|e| e.to_string())?;
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
             .await
@@ -475,21 +515,25 @@ impl ControlPlane {
         kube::Client::try_from(config).map_err(|e| e.to_string())
     }
 
-    /// The last 8 KiB of the apiserver's log.
+    /// The last 8 KiB of the first apiserver's log.
     pub fn apiserver_log_tail(&self) -> String {
-        self.apiserver
-            .lock()
-            .map(|p| p.log_tail(8192))
+        self.apiserver_log_tail_of(0)
+    }
+
+    /// The last 8 KiB of apiserver `i`'s log.
+    pub fn apiserver_log_tail_of(&self, i: usize) -> String {
+        self.apiservers[i]
+            .with(|p| p.log_tail(8192))
             .unwrap_or_default()
     }
 
-    /// Suspends the apiserver (`SIGSTOP`): connections stay open and
+    /// Suspends the first apiserver (`SIGSTOP`): connections stay open and
     /// nothing answers, as when it hangs or the network black-holes.
     ///
     /// # Errors
     /// When the signal cannot be sent.
     pub fn pause_apiserver(&self) -> Result<(), Error> {
-        self.with_apiserver(Process::pause)
+        self.pause_apiserver_of(0)
     }
 
     /// Resumes it after [`ControlPlane::pause_apiserver`].
@@ -497,91 +541,193 @@ impl ControlPlane {
     /// # Errors
     /// When the signal cannot be sent.
     pub fn resume_apiserver(&self) -> Result<(), Error> {
-        self.with_apiserver(Process::resume)
+        self.resume_apiserver_of(0)
     }
 
-    fn with_apiserver(&self, f: impl FnOnce(&Process) -> io::Result<()>) -> Result<(), Error> {
-        let p = self.apiserver.lock().map_err(|_| Error::Io {
-            what: "apiserver lock".into(),
-            source: io::Error::other("poisoned"),
-        })?;
-        f(&p).map_err(io_err("signalling kube-apiserver"))
+    /// Suspends apiserver `i` (`SIGSTOP`).
+    ///
+    /// # Errors
+    /// When the signal cannot be sent.
+    pub fn pause_apiserver_of(&self, i: usize) -> Result<(), Error> {
+        self.apiservers[i]
+            .with(Process::pause)?
+            .map_err(io_err("suspending kube-apiserver"))
     }
 
-    /// Stops the apiserver (`SIGKILL`) and leaves it down, as in an outage;
-    /// [`ControlPlane::start_apiserver`] brings it back. etcd keeps running.
+    /// Resumes apiserver `i` (`SIGCONT`).
+    ///
+    /// # Errors
+    /// When the signal cannot be sent.
+    pub fn resume_apiserver_of(&self, i: usize) -> Result<(), Error> {
+        self.apiservers[i]
+            .with(Process::resume)?
+            .map_err(io_err("resuming kube-apiserver"))
+    }
+
+    /// Stops the first apiserver (`SIGKILL`) and leaves it down, as in an
+    /// outage; [`ControlPlane::start_apiserver`] brings it back. etcd keeps
+    /// running.
     pub fn stop_apiserver(&self) {
-        if let Ok(p) = self.apiserver.lock() {
-            p.kill();
-        }
+        self.stop_apiserver_of(0);
     }
 
-    /// Starts the apiserver again after [`ControlPlane::stop_apiserver`], on
-    /// the same port with the same data, and waits until it is ready.
+    /// Stops apiserver `i` (`SIGKILL`) and leaves it down.
+    pub fn stop_apiserver_of(&self, i: usize) {
+        let _ = self.apiservers[i].with(Process::kill);
+    }
+
+    /// Starts the first apiserver again after
+    /// [`ControlPlane::stop_apiserver`], on the same port with the same
+    /// data, and waits until it is ready.
     ///
     /// # Errors
     /// When it does not start.
     pub async fn start_apiserver(&self) -> Result<(), Error> {
-        self.start_apiserver_again(Duration::ZERO).await
+        self.start_apiserver_of(0, None).await
     }
 
-    /// Kills the apiserver (`SIGKILL`, no shutdown at all), waits `down`,
-    /// starts it again on the same port with the same data, and waits
-    /// until it is ready.
+    /// Starts apiserver `i` again (it must be stopped), of minor version
+    /// `version` when given (`Some("1.35")`: a rolling upgrade's step),
+    /// else of the version it ran, and waits until it is ready.
+    ///
+    /// # Errors
+    /// When that version is not at hand, or it does not start.
+    pub async fn start_apiserver_of(&self, i: usize, version: Option<&str>) -> Result<(), Error> {
+        let assets = version.map(Assets::version).transpose()?;
+        self.apiservers[i].respawn(assets)?;
+        self.wait_ready(i, APISERVER_READY_TIMEOUT).await
+    }
+
+    /// Kills the first apiserver (`SIGKILL`, no shutdown at all), waits
+    /// `down`, starts it again on the same port with the same data, and
+    /// waits until it is ready.
     ///
     /// # Errors
     /// When it does not start again.
     pub async fn kill_apiserver(&self, down: Duration) -> Result<(), Error> {
-        if let Ok(p) = self.apiserver.lock() {
-            p.kill();
-        }
-        self.start_apiserver_again(down).await
+        self.kill_apiserver_of(0, down).await
     }
 
-    /// Stops the apiserver (`SIGTERM`, then `SIGKILL` after `grace`),
+    /// [`ControlPlane::kill_apiserver`] of apiserver `i`.
+    ///
+    /// # Errors
+    /// When it does not start again.
+    pub async fn kill_apiserver_of(&self, i: usize, down: Duration) -> Result<(), Error> {
+        self.stop_apiserver_of(i);
+        tokio::time::sleep(down).await;
+        self.start_apiserver_of(i, None).await
+    }
+
+    /// Stops the first apiserver (`SIGTERM`, then `SIGKILL` after `grace`),
     /// waits `down`, starts it again on the same port with the same data,
     /// and waits until it is ready.
     ///
     /// # Errors
     /// When it does not start again.
     pub async fn restart_apiserver(&self, grace: Duration, down: Duration) -> Result<(), Error> {
-        {
-            let p = self.apiserver.lock().map_err(|_| Error::Io {
-                what: "apiserver lock".into(),
-                source: io::Error::other("poisoned"),
-            })?;
-            p.terminate(grace);
-        }
-        self.start_apiserver_again(down).await
+        self.restart_apiserver_of(0, grace, down, None).await
     }
 
-    async fn start_apiserver_again(&self, down: Duration) -> Result<(), Error> {
-        tokio::time::sleep(down).await;
-        let fresh = Process::spawn(
-            "kube-apiserver",
-            &self.apiserver_assets.binary("kube-apiserver"),
-            &self.apiserver_args,
-            &self.dir.join("kube-apiserver.log"),
-        )
-        .map_err(io_err("restarting kube-apiserver"))?;
-        if let Ok(mut p) = self.apiserver.lock() {
-            *p = fresh;
-        }
-        self.wait_ready(APISERVER_READY_TIMEOUT).await
-    }
-
-    /// etcd's current revision (its v3 JSON gateway).
+    /// Stops apiserver `i` as kubelet stops a static pod (`SIGTERM`, then
+    /// `SIGKILL` after `grace`), waits `down`, and starts it again, of
+    /// minor version `version` when given, and waits until it is ready.
     ///
     /// # Errors
-    /// When etcd cannot be asked.
-    pub fn etcd_revision(&self) -> Result<u64, Error> {
-        etcd::revision(self.etcd_port).map_err(io_err("reading etcd's revision"))
+    /// When it does not start again.
+    pub async fn restart_apiserver_of(
+        &self,
+        i: usize,
+        grace: Duration,
+        down: Duration,
+        version: Option<&str>,
+    ) -> Result<(), Error> {
+        let assets = version.map(Assets::version).transpose()?;
+        // Blocks for at most `grace` (as `Process::terminate` waits).
+        self.apiservers[i].with(|p| p.terminate(grace))?;
+        tokio::time::sleep(down).await;
+        self.apiservers[i].respawn(assets)?;
+        self.wait_ready(i, APISERVER_READY_TIMEOUT).await
     }
 
-    /// Backs etcd up as an operator's backup of the member would: its data
-    /// directory copied while etcd is suspended (`SIGSTOP`, a few
-    /// milliseconds), so the copy is consistent. Returns the copy's
-    /// directory and the revision it holds.
+    /// The minor version apiserver `i` runs now (its binary's, `"1.36"`).
+    pub fn apiserver_minor_of(&self, i: usize) -> Option<String> {
+        let assets = self.apiservers[i].assets()?;
+        let v = assets.binary_version("kube-apiserver").ok()?;
+        let v = v.rsplit(' ').next()?.trim_start_matches('v');
+        let mut parts = v.split('.');
+        Some(format!("{}.{}", parts.next()?, parts.next()?))
+    }
+
+    /// How many etcd members there are.
+    pub fn etcd_member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The member that leads the etcd cluster now, if one answers.
+    pub fn etcd_leader(&self) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| etcd::is_leader(m.client_port).unwrap_or(false))
+    }
+
+    /// Kills etcd member `i` (`SIGKILL`), leaving it down.
+    pub fn kill_etcd_member(&self, i: usize) {
+        let _ = self.members[i].with(Process::kill);
+    }
+
+    /// Starts etcd member `i` again from its data (it must be down): it
+    /// rejoins the cluster and catches up.
+    ///
+    /// # Errors
+    /// When it does not start.
+    pub fn start_etcd_member(&self, i: usize) -> Result<(), Error> {
+        self.members[i].respawn()
+    }
+
+    /// Suspends etcd member `i` (`SIGSTOP`): its apiserver's requests hang,
+    /// as when it is cut off from the others.
+    ///
+    /// # Errors
+    /// When the signal cannot be sent.
+    pub fn pause_etcd_member(&self, i: usize) -> Result<(), Error> {
+        self.members[i]
+            .with(Process::pause)?
+            .map_err(io_err("suspending etcd"))
+    }
+
+    /// Resumes etcd member `i` after [`ControlPlane::pause_etcd_member`].
+    ///
+    /// # Errors
+    /// When the signal cannot be sent.
+    pub fn resume_etcd_member(&self, i: usize) -> Result<(), Error> {
+        self.members[i]
+            .with(Process::resume)?
+            .map_err(io_err("resuming etcd"))
+    }
+
+    /// etcd's current revision, from the first member that answers (its
+    /// v3 JSON gateway).
+    ///
+    /// # Errors
+    /// When no member answers.
+    pub fn etcd_revision(&self) -> Result<u64, Error> {
+        let mut last = io::Error::other("no etcd member");
+        for m in &self.members {
+            match etcd::revision(m.client_port) {
+                Ok(r) => return Ok(r),
+                Err(e) => last = e,
+            }
+        }
+        Err(Error::Io {
+            what: "reading etcd's revision".into(),
+            source: last,
+        })
+    }
+
+    /// Backs etcd up as an operator's backup of every member would: their
+    /// data directories copied while every member is suspended
+    /// (`SIGSTOP`, a few milliseconds), so the copy is one consistent
+    /// moment. Returns the copy's directory and the revision it holds.
     ///
     /// # Errors
     /// When the copy fails.
@@ -592,26 +738,29 @@ impl ControlPlane {
             "etcd-backup-{}",
             BACKUPS.fetch_add(1, Ordering::Relaxed)
         ));
-        let etcd = self.etcd.lock().map_err(|_| Error::Io {
-            what: "etcd lock".into(),
-            source: io::Error::other("poisoned"),
-        })?;
-        etcd.pause().map_err(io_err("suspending etcd"))?;
-        let copied = copy_dir(&self.etcd_data, &backup);
-        etcd.resume().map_err(io_err("resuming etcd"))?;
-        copied.map_err(io_err(format!("copying {}", self.etcd_data.display())))?;
+        for m in &self.members {
+            m.with(Process::pause)?.map_err(io_err("suspending etcd"))?;
+        }
+        let copied: io::Result<()> = self
+            .members
+            .iter()
+            .try_for_each(|m| copy_dir(m.data(), &backup.join(&m.name)));
+        for m in &self.members {
+            m.with(Process::resume)?.map_err(io_err("resuming etcd"))?;
+        }
+        copied.map_err(io_err("copying etcd's data"))?;
         Ok((backup, revision))
     }
 
     /// Restores etcd from `backup` ([`ControlPlane::etcd_backup`]) as the
     /// documented procedure does (kubernetes.io, "Operating etcd clusters
-    /// for Kubernetes", "Restoring an etcd cluster"): the apiserver
-    /// stopped, etcd stopped, its data replaced by the backup, etcd
-    /// started, the apiserver started again. With `bump`, what
-    /// `etcdutl snapshot restore --bump-revision --mark-compacted` does is
-    /// emulated (the tool is not at hand): the revision moved past every
-    /// one etcd gave before the restore, then compacted there, so that
-    /// resourceVersions only move forward and watches from before get
+    /// for Kubernetes", "Restoring an etcd cluster"): every apiserver
+    /// stopped, every member stopped, their data replaced by the backup,
+    /// the members started, every apiserver started again. With `bump`,
+    /// what `etcdutl snapshot restore --bump-revision --mark-compacted`
+    /// does is emulated (the tool is not at hand): the revision moved past
+    /// every one etcd gave before the restore, then compacted there, so
+    /// that resourceVersions only move forward and watches from before get
     /// `410`. Without, resourceVersions go back in time. Returns etcd's
     /// revision before the restore and after it (and the bump).
     ///
@@ -619,31 +768,50 @@ impl ControlPlane {
     /// When a step fails.
     pub async fn etcd_restore(&self, backup: &Path, bump: bool) -> Result<(u64, u64), Error> {
         let before = self.etcd_revision()?;
-        self.stop_apiserver();
-        {
-            let mut etcd = self.etcd.lock().map_err(|_| Error::Io {
+        for i in 0..self.apiservers.len() {
+            self.stop_apiserver_of(i);
+        }
+        for m in &self.members {
+            m.with(Process::kill)?;
+        }
+        for m in &self.members {
+            let _ = fs::remove_dir_all(m.data());
+            copy_dir(&backup.join(&m.name), m.data())
+                .map_err(io_err(format!("restoring {}", backup.display())))?;
+        }
+        for m in &self.members {
+            let fresh = Process::spawn(&m.name, &m.binary, &m.restart_args, &m.log)
+                .map_err(io_err("restarting etcd"))?;
+            *m.process.lock().map_err(|_| Error::Io {
                 what: "etcd lock".into(),
                 source: io::Error::other("poisoned"),
-            })?;
-            etcd.kill();
-            let _ = fs::remove_dir_all(&self.etcd_data);
-            copy_dir(backup, &self.etcd_data)
-                .map_err(io_err(format!("restoring {}", backup.display())))?;
-            *etcd = Process::spawn(
-                "etcd",
-                &self.assets.binary("etcd"),
-                &self.etcd_args,
-                &self.dir.join("etcd.log"),
-            )
-            .map_err(io_err("restarting etcd"))?;
-            wait_for_port(&etcd, self.etcd_port, Duration::from_secs(30))?;
+            })? = fresh;
         }
-        let mut after = self.etcd_revision()?;
+        for m in &self.members {
+            m.wait_listening(Duration::from_secs(30))?;
+        }
+        // A cluster elects a leader before it answers.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut after = loop {
+            match self.etcd_revision() {
+                Ok(r) => break r,
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
         if bump {
-            after = etcd::bump_and_compact(self.etcd_port, before + 1)
+            let port = self.members[0].client_port;
+            after = tokio::task::spawn_blocking(move || etcd::bump_and_compact(port, before + 1))
+                .await
+                .map_err(|e| Error::Io {
+                    what: "bumping etcd's revision".into(),
+                    source: io::Error::other(e),
+                })?
                 .map_err(io_err("bumping etcd's revision"))?;
         }
-        self.start_apiserver().await?;
+        for i in 0..self.apiservers.len() {
+            self.start_apiserver_of(i, None).await?;
+        }
         Ok((before, after))
     }
 
@@ -741,6 +909,128 @@ pub fn free_port() -> Result<u16, Error> {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(io_err("finding a free port"))
+}
+
+/// A free TCP port on 127.0.0.1 below the kernel's ephemeral range, for a
+/// process that is stopped and started again on it: an outgoing
+/// connection's local port (drawn from the ephemeral range) cannot take
+/// it while the process is down.
+///
+/// # Errors
+/// When no port can be bound.
+pub fn stable_port() -> Result<u16, Error> {
+    let low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+        })
+        .unwrap_or(32768);
+    let (from, to) = if low > 12000 {
+        (10000, low)
+    } else {
+        (low, low)
+    };
+    for _ in 0..1000 {
+        let port = from + (rand_u16() % (to.max(from + 1) - from));
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    free_port()
+}
+
+/// A pseudo-random number (no crate for it: the time's nanoseconds and a
+/// counter, hashed).
+fn rand_u16() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(SEQ.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    (h.finish() & 0xffff) as u16
+}
+
+/// Starts `n` etcd members: the control plane's etcd alone, or a cluster
+/// of the cluster etcd ([`Assets::etcd_cluster`]) on loopback, with the
+/// flags of `../shared/k8s/README.md`.
+fn start_members(assets: &Assets, dir: &Path, n: usize) -> Result<Vec<Member>, Error> {
+    if n == 1 {
+        let (client, peer) = (free_port()?, free_port()?);
+        let data = dir.join("etcd");
+        let args = vec![
+            "--name=testenv".into(),
+            format!("--data-dir={}", data.display()),
+            format!("--listen-client-urls=http://127.0.0.1:{client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+            "--unsafe-no-fsync".into(),
+            "--quota-backend-bytes=4294967296".into(),
+            "--log-level=error".into(),
+        ];
+        let m = Member::spawn(
+            "etcd".into(),
+            client,
+            assets.binary("etcd"),
+            data,
+            args.clone(),
+            args,
+            dir.join("etcd.log"),
+        )?;
+        m.wait_listening(Duration::from_secs(30))?;
+        return Ok(vec![m]);
+    }
+    let binary = Assets::etcd_cluster()?.binary("etcd");
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..n {
+        ports.push((stable_port()?, stable_port()?));
+    }
+    let initial = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::with_capacity(n);
+    for (i, (client, peer)) in ports.into_iter().enumerate() {
+        let name = format!("etcd-{i}");
+        let data = dir.join(&name);
+        let args = |state: &str| -> Vec<String> {
+            vec![
+                format!("--name=m{i}"),
+                format!("--data-dir={}", data.display()),
+                format!("--listen-client-urls=http://127.0.0.1:{client}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-cluster={initial}"),
+                format!("--initial-cluster-state={state}"),
+                "--initial-cluster-token=kube-testenv".into(),
+                "--unsafe-no-fsync".into(),
+                "--quota-backend-bytes=4294967296".into(),
+                "--log-level=error".into(),
+            ]
+        };
+        let log = dir.join(format!("{name}.log"));
+        members.push(Member::spawn(
+            name,
+            client,
+            binary.clone(),
+            data.clone(),
+            args("new"),
+            args("existing"),
+            log,
+        )?);
+    }
+    for m in &members {
+        m.wait_listening(Duration::from_secs(30))?;
+    }
+    Ok(members)
 }
 
 /// Waits until `port` accepts connections, or `process` exits.
