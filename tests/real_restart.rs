@@ -1,7 +1,9 @@
 //! Restarting the proxy in front of a real kube-apiserver v1.36: with its
-//! cache persisted, the new process lists nothing upstream (the
-//! apiserver's own `apiserver_request_total{verb="LIST"}` says so); it
-//! resumes each watch from its snapshot and serves what changed meanwhile.
+//! cache persisted, the new process lists nothing upstream but one
+//! `limit=1` probe per cached resource, which checks that etcd's history
+//! did not go back while it was down (the apiserver's own
+//! `apiserver_request_total{verb="LIST"}` says so); it resumes each watch
+//! from its snapshot and serves what changed meanwhile.
 //!
 //! Skipped, with one line, where no control plane is available.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -87,7 +89,23 @@ async fn a_restarted_proxy_adds_no_upstream_list() {
     // Give any list a moment to show in the apiserver's metrics.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = upstream_lists(&env).await;
-    assert_eq!(after, before, "upstream LISTs added by the restart");
+    // Only the `limit=1` probes that check, before each resumed watch,
+    // that upstream's history did not go back (etcd restored from a
+    // backup), which the proxy counts.
+    let probes = metric_sum(
+        &env.proxy_metrics().await,
+        "kube_cache_proxy_cache_consistency_probes_total",
+        &[("result", "ok")],
+    );
+    assert!(
+        probes <= env.config.cache.resources.len() as f64,
+        "{probes} probes"
+    );
+    assert_eq!(
+        after - before,
+        probes,
+        "upstream LISTs added by the restart"
+    );
     println!(
         "restart: ready in {ready_in:?}; upstream LISTs of the {} cached resources: {before} \
          before, {after} after",
