@@ -655,11 +655,13 @@ async fn serve_watch(
             return Answer::PassThrough(COMPACTED);
         }
         // A resourceVersion of a history upstream no longer has (etcd
-        // restored without `--bump-revision`: `ResourceCache::replace`),
-        // even one the new history has reached or will reach: the client
-        // relists, instead of waiting for the new history to reach it and
-        // applying its changes to the old one's state.
-        (false, Some(rv)) if rv > 0 && rv < cache.expire_below() => {
+        // restored without `--bump-revision`: `ResourceCache::replace`)
+        // that the new one has not reached: the client relists, instead of
+        // waiting for the new history to reach it and applying its
+        // changes to the old one's state. (Once the new history has passed
+        // it, the proxy cannot tell it from one it served since, and
+        // serves it as the apiserver would.)
+        (false, Some(rv)) if rv > cache.rv() && rv < cache.expire_below() => {
             return Answer::Served(watcher::error_response(
                 &Status::expired(format!("too old resource version: {rv} ({})", cache.rv())),
                 neg.body.encoding,

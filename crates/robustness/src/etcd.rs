@@ -120,39 +120,95 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
-/// A client of one etcd member's gateway.
+/// A client of an etcd cluster's gateways: each call goes to the member
+/// that answered last, else the next one that accepts a connection, so a
+/// member killed or restarted does not stop the run's reference.
 #[derive(Debug, Clone)]
 pub struct Etcd {
-    /// `127.0.0.1:<port>`.
-    authority: String,
+    /// `127.0.0.1:<port>` of each member.
+    authorities: Vec<String>,
+    /// The member to try first.
+    next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Etcd {
     /// `url`: `http://127.0.0.1:<port>`.
     pub fn new(url: &str) -> Etcd {
+        Etcd::cluster(&[url.to_string()])
+    }
+
+    /// Every member's `http://127.0.0.1:<port>`.
+    pub fn cluster(urls: &[String]) -> Etcd {
         Etcd {
-            authority: url
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_string(),
+            authorities: urls
+                .iter()
+                .map(|u| {
+                    u.trim_start_matches("http://")
+                        .trim_end_matches('/')
+                        .to_string()
+                })
+                .collect(),
+            next: std::sync::Arc::default(),
         }
     }
 
+    /// A connection to the first member that accepts one, and its
+    /// authority.
+    async fn connect(&self) -> Result<(tokio::net::TcpStream, &str)> {
+        use std::sync::atomic::Ordering;
+        let first = self.next.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..self.authorities.len() {
+            let n = (first + i) % self.authorities.len();
+            let authority = &self.authorities[n];
+            let connect = tokio::net::TcpStream::connect(authority.as_str());
+            match tokio::time::timeout(std::time::Duration::from_secs(2), connect).await {
+                Ok(Ok(s)) => {
+                    self.next.store(n, Ordering::Relaxed);
+                    return Ok((s, authority));
+                }
+                Ok(Err(e)) => last = Some(anyhow!("connecting to etcd at {authority}: {e}")),
+                Err(_) => last = Some(anyhow!("connecting to etcd at {authority}: timed out")),
+            }
+        }
+        self.next.store(first + 1, Ordering::Relaxed);
+        Err(last.unwrap_or_else(|| anyhow!("no etcd member")))
+    }
+
+    /// Sends to a member; a refusal (no leader yet, a member catching up)
+    /// or a broken connection is tried again on the next member, for up
+    /// to 10 s: the run's reference survives a member's death.
     async fn send(
         &self,
         path: &str,
         body: Value,
     ) -> Result<hyper::Response<hyper::body::Incoming>> {
-        let stream = tokio::net::TcpStream::connect(&self.authority)
-            .await
-            .with_context(|| format!("connecting to etcd at {}", self.authority))?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match self.send_once(path, body.clone()).await {
+                Ok(resp) => return Ok(resp),
+                Err(e) if std::time::Instant::now() > deadline => return Err(e),
+                Err(_) => {
+                    self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    async fn send_once(
+        &self,
+        path: &str,
+        body: Value,
+    ) -> Result<hyper::Response<hyper::body::Incoming>> {
+        let (stream, authority) = self.connect().await?;
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
         let req = http::Request::post(path)
-            .header(http::header::HOST, &self.authority)
+            .header(http::header::HOST, authority)
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(serde_json::to_vec(&body)?)))?;
         let resp = sender.send_request(req).await?;

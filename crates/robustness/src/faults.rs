@@ -18,10 +18,32 @@ use crate::topology::{Role, Topology, start_process, wait_ready};
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FaultKind {
-    /// kube-apiserver `kill -9`, restarted after 0–2 s.
+    /// One kube-apiserver `kill -9` (the others serve), restarted after
+    /// 0–2 s.
     ApiserverKill,
-    /// kube-apiserver `SIGSTOP` for 1–20 s.
+    /// One kube-apiserver `SIGSTOP` for 1–20 s (the others serve).
     ApiserverPause,
+    /// One apiserver's etcd member stopped for 5–20 s: its watch cache
+    /// falls behind the others' (stacked etcd; skipped with one member).
+    ApiserverLag,
+    /// The etcd leader `kill -9`, restarted after 1–5 s (skipped with one
+    /// member).
+    EtcdLeaderKill,
+    /// Every apiserver restarted in turn (`SIGTERM`, as kubelet stops a
+    /// static pod), 1–4 s apart.
+    RollingRestart,
+    /// Every apiserver restarted in turn as the next (or previous) minor
+    /// version, 2–6 s apart, so both versions serve at once: 1.35 to 1.36
+    /// and back (skipped where the other version is not at hand).
+    RollingUpgrade,
+    /// etcd restored from a backup taken minutes earlier (at the run's
+    /// start, or after the last restore), every apiserver restarted, as
+    /// documented: `etcdutl snapshot restore --bump-revision
+    /// --mark-compacted` (emulated). The run's clients restart after it.
+    EtcdRestore,
+    /// The same, the older way: without the bump, resourceVersions go back
+    /// in time.
+    EtcdRestoreNoBump,
     /// etcd compacted at its current revision (after the reference has
     /// recorded it), so resumes from before get `410`.
     Compaction,
@@ -50,9 +72,15 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 18] = [
+        FaultKind::EtcdRestore,
+        FaultKind::EtcdRestoreNoBump,
         FaultKind::ApiserverKill,
         FaultKind::ApiserverPause,
+        FaultKind::ApiserverLag,
+        FaultKind::EtcdLeaderKill,
+        FaultKind::RollingRestart,
+        FaultKind::RollingUpgrade,
         FaultKind::Compaction,
         FaultKind::Blackhole,
         FaultKind::Latency,
@@ -69,6 +97,12 @@ impl FaultKind {
         match self {
             FaultKind::ApiserverKill => "apiserver-kill",
             FaultKind::ApiserverPause => "apiserver-pause",
+            FaultKind::ApiserverLag => "apiserver-lag",
+            FaultKind::EtcdLeaderKill => "etcd-leader-kill",
+            FaultKind::RollingRestart => "rolling-restart",
+            FaultKind::RollingUpgrade => "rolling-upgrade",
+            FaultKind::EtcdRestore => "etcd-restore",
+            FaultKind::EtcdRestoreNoBump => "etcd-restore-no-bump",
             FaultKind::Compaction => "compaction",
             FaultKind::Blackhole => "blackhole",
             FaultKind::Latency => "latency",
@@ -85,14 +119,29 @@ impl FaultKind {
     /// How often it is drawn, relative to the others.
     fn weight(self) -> u32 {
         match self {
-            FaultKind::ApiserverKill | FaultKind::SnapshotDirFull => 1,
+            FaultKind::ApiserverKill
+            | FaultKind::SnapshotDirFull
+            | FaultKind::RollingRestart
+            | FaultKind::RollingUpgrade
+            | FaultKind::EtcdRestore
+            | FaultKind::EtcdRestoreNoBump => 1,
             FaultKind::ApiserverPause
             | FaultKind::Compaction
+            | FaultKind::ApiserverLag
+            | FaultKind::EtcdLeaderKill
             | FaultKind::TierKill
             | FaultKind::SnapshotCorrupt
             | FaultKind::SnapshotTruncate => 2,
             _ => 3,
         }
+    }
+}
+
+impl FaultKind {
+    /// Whether it restores etcd (the run injects it itself: its clients
+    /// and reference restart after it).
+    pub fn is_restore(self) -> bool {
+        matches!(self, FaultKind::EtcdRestore | FaultKind::EtcdRestoreNoBump)
     }
 }
 
@@ -148,6 +197,9 @@ pub struct Injected {
     pub skipped: BTreeMap<String, u64>,
     /// Times from a proxy's restart to ready, in seconds.
     pub restarts_ready: Vec<f64>,
+    /// Times from an etcd restore's start until every proxy served the
+    /// restored world, in seconds.
+    pub restores_served: Vec<f64>,
 }
 
 fn secs(rng: &mut fastrand::Rng, lo: f64, hi: f64) -> Duration {
@@ -163,20 +215,83 @@ pub async fn inject(
     injected: &mut Injected,
 ) -> Result<String> {
     let what = match kind {
+        FaultKind::EtcdRestore | FaultKind::EtcdRestoreNoBump => {
+            return Err(anyhow!(
+                "{kind} is injected by the run itself (run/epoch.rs)"
+            ));
+        }
         FaultKind::ApiserverKill => {
+            let i = rng.usize(..topo.cp.apiserver_count());
             let down = secs(rng, 0.0, 2.0);
             topo.cp
-                .kill_apiserver(down)
+                .kill_apiserver_of(i, down)
                 .await
-                .map_err(|e| anyhow!("restarting the apiserver: {e}"))?;
-            format!("apiserver killed, down {down:.1?}")
+                .map_err(|e| anyhow!("restarting apiserver {i}: {e}"))?;
+            format!("apiserver {i} killed, down {down:.1?}")
         }
         FaultKind::ApiserverPause => {
+            let i = rng.usize(..topo.cp.apiserver_count());
             let d = secs(rng, 1.0, 20.0);
-            topo.cp.pause_apiserver().map_err(|e| anyhow!("{e}"))?;
+            topo.cp.pause_apiserver_of(i).map_err(|e| anyhow!("{e}"))?;
             tokio::time::sleep(d).await;
-            topo.cp.resume_apiserver().map_err(|e| anyhow!("{e}"))?;
-            format!("apiserver stopped {d:.1?}")
+            topo.cp.resume_apiserver_of(i).map_err(|e| anyhow!("{e}"))?;
+            format!("apiserver {i} stopped {d:.1?}")
+        }
+        FaultKind::ApiserverLag => {
+            let members = topo.cp.etcd_member_count();
+            if members < 2 {
+                return Ok(skip(injected, kind, "one etcd member"));
+            }
+            let i = rng.usize(..members);
+            let d = secs(rng, 5.0, 20.0);
+            topo.cp.kill_etcd_member(i);
+            tokio::time::sleep(d).await;
+            topo.cp.start_etcd_member(i).map_err(|e| anyhow!("{e}"))?;
+            format!("etcd member {i} (apiserver {i}'s) down {d:.1?}")
+        }
+        FaultKind::EtcdLeaderKill => {
+            if topo.cp.etcd_member_count() < 2 {
+                return Ok(skip(injected, kind, "one etcd member"));
+            }
+            let Some(leader) = topo.cp.etcd_leader() else {
+                return Ok(skip(injected, kind, "no leader answered"));
+            };
+            let down = secs(rng, 1.0, 5.0);
+            topo.cp.kill_etcd_member(leader);
+            tokio::time::sleep(down).await;
+            topo.cp
+                .start_etcd_member(leader)
+                .map_err(|e| anyhow!("{e}"))?;
+            format!("etcd leader (member {leader}) killed, down {down:.1?}")
+        }
+        FaultKind::RollingRestart => {
+            let mut took = Vec::new();
+            for i in 0..topo.cp.apiserver_count() {
+                let started = Instant::now();
+                topo.cp
+                    .restart_apiserver_of(i, Duration::from_secs(5), Duration::ZERO, None)
+                    .await
+                    .map_err(|e| anyhow!("restarting apiserver {i}: {e}"))?;
+                took.push(format!("{:.1?}", started.elapsed()));
+                tokio::time::sleep(secs(rng, 1.0, 4.0)).await;
+            }
+            format!("apiservers restarted in turn ({})", took.join(", "))
+        }
+        FaultKind::RollingUpgrade => {
+            let from = topo.versions.first().cloned().unwrap_or_default();
+            let Some(to) = other_version(&from) else {
+                return Ok(skip(injected, kind, "no other minor version at hand"));
+            };
+            for i in 0..topo.cp.apiserver_count() {
+                topo.cp
+                    .restart_apiserver_of(i, Duration::from_secs(5), Duration::ZERO, Some(&to))
+                    .await
+                    .map_err(|e| anyhow!("restarting apiserver {i} as {to}: {e}"))?;
+                topo.versions[i] = to.clone();
+                // Both versions serve for a while.
+                tokio::time::sleep(secs(rng, 2.0, 6.0)).await;
+            }
+            format!("apiservers rolled from {from} to {to}")
         }
         FaultKind::Compaction => {
             let rev = topo.etcd.revision().await?;
@@ -312,6 +427,26 @@ pub async fn inject(
     };
     *injected.by_kind.entry(kind).or_default() += 1;
     Ok(what)
+}
+
+/// Records a fault that could not be injected here, and why.
+fn skip(injected: &mut Injected, kind: FaultKind, why: &str) -> String {
+    *injected
+        .skipped
+        .entry(format!("{kind}: {why}"))
+        .or_default() += 1;
+    format!("skipped: {why}")
+}
+
+/// The minor version a rolling upgrade from `from` goes to: the next one,
+/// or from the newest the one before (1.35 and 1.36 alternate), if its
+/// apiserver is at hand.
+fn other_version(from: &str) -> Option<String> {
+    let minor: u32 = from.strip_prefix("1.")?.parse().ok()?;
+    [minor + 1, minor.checked_sub(1)?]
+        .into_iter()
+        .map(|m| format!("1.{m}"))
+        .find(|v| kube_testenv::Assets::version(v).is_ok())
 }
 
 /// A successor process takes `p`'s sockets over; the old one drains and

@@ -4,6 +4,7 @@
 //! from a seeded schedule; every watch stream recorded by clients of every
 //! kind is validated against etcd's own history.
 
+pub mod balancer;
 pub mod client;
 pub mod etcd;
 pub mod faults;

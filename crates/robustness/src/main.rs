@@ -35,7 +35,13 @@ struct Args {
     /// The faults to draw from (comma-separated; default: all).
     #[arg(long, value_delimiter = ',')]
     faults: Vec<FaultKind>,
-    /// Node proxies straight to the apiserver.
+    /// kube-apiservers behind the balancer (HAProxy where installed).
+    #[arg(long, default_value_t = 3)]
+    apiservers: usize,
+    /// etcd members (as many as apiservers: each apiserver on its own).
+    #[arg(long, default_value_t = 3)]
+    etcd_members: usize,
+    /// Node proxies straight to the apiservers (through the balancer).
     #[arg(long, default_value_t = 2)]
     direct_nodes: usize,
     /// Node proxies behind the tier.
@@ -70,6 +76,8 @@ async fn main() -> ExitCode {
     if !a.faults.is_empty() {
         o.faults = a.faults;
     }
+    o.shape.apiservers = a.apiservers;
+    o.shape.etcd_members = a.etcd_members;
     o.shape.direct_nodes = a.direct_nodes;
     o.shape.tier_nodes = a.tier_nodes;
     o.shape.tier_replicas = a.tier_replicas;
@@ -92,7 +100,15 @@ async fn main() -> ExitCode {
             }
         }
         Err(e) => {
-            if format!("{e:#}").contains("no Kubernetes control plane") {
+            let text = format!("{e:#}");
+            if [
+                "no Kubernetes control plane",
+                "no etcd cluster member",
+                "no kube-apiserver 1.",
+            ]
+            .iter()
+            .any(|absent| text.contains(absent))
+            {
                 eprintln!("kcp-robustness: skipping: {e:#}");
                 return ExitCode::from(3);
             }

@@ -17,6 +17,7 @@ use kube_testenv::{ControlPlane, Morph, Options, Process};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::balancer::Balancer;
 use crate::client::{Auth, Client};
 use crate::etcd::Etcd;
 use crate::relay::Relay;
@@ -35,6 +36,14 @@ const TIER_LEGACY_RBAC: &str =
 /// How big.
 #[derive(Debug, Clone)]
 pub struct Shape {
+    /// kube-apiservers, behind the balancer.
+    pub apiservers: usize,
+    /// etcd members (with as many apiservers, each apiserver on its own:
+    /// kubeadm's stacked topology).
+    pub etcd_members: usize,
+    /// Whether apiservers of another minor version may serve (a rolling
+    /// upgrade).
+    pub mixed_versions: bool,
     /// Node proxies straight to the apiserver.
     pub direct_nodes: usize,
     /// Node proxies behind the tier.
@@ -82,6 +91,12 @@ pub struct Proxy {
 /// The whole topology.
 pub struct Topology {
     pub cp: ControlPlane,
+    /// In front of the apiservers: what every proxy and the run's own
+    /// clients reach them through.
+    pub balancer: Balancer,
+    /// The minor version each apiserver runs now (a rolling upgrade
+    /// changes them).
+    pub versions: Vec<String>,
     pub etcd: Etcd,
     pub admin: Client,
     pub dir: PathBuf,
@@ -117,26 +132,7 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
 /// after `kill -9` binds it again, and an outgoing connection's local port
 /// (drawn from the ephemeral range) cannot have taken it meanwhile.
 fn free_port() -> Result<u16> {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .next()
-                .and_then(|p| p.parse::<u16>().ok())
-        })
-        .unwrap_or(32768);
-    let (from, to) = if low > 12000 {
-        (10000, low)
-    } else {
-        (low, low)
-    };
-    for _ in 0..1000 {
-        let port = fastrand::u16(from..to.max(from + 1));
-        if std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    kube_testenv::free_port().map_err(|e| anyhow!("{e}"))
+    kube_testenv::stable_port().map_err(|e| anyhow!("{e}"))
 }
 
 /// The namespaces the run writes in.
@@ -150,18 +146,33 @@ impl Topology {
                 // etcd's values as JSON: the reference reads them.
                 "--storage-media-type=application/json".into(),
             ],
+            apiservers: shape.apiservers,
+            etcd_members: shape.etcd_members,
             ..Options::default()
         })
         .await
         .map_err(|e| anyhow!("starting the control plane: {e}"))?;
+        let stop = CancellationToken::new();
+        let backends: Vec<SocketAddr> = (0..cp.apiserver_count())
+            .filter_map(|i| {
+                cp.apiserver_url(i)
+                    .trim_start_matches("https://")
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        let balancer = Balancer::start(&backends, dir, stop.clone()).await?;
         println!(
-            "control plane: apiserver {} etcd {} (files in {})",
-            cp.url(),
-            cp.etcd_url(),
+            "control plane: {} apiserver(s) {} behind {} {}, etcd {} (files in {})",
+            cp.apiserver_count(),
+            cp.version(),
+            balancer.kind,
+            balancer.addr,
+            cp.etcd_urls().join(","),
             cp.dir().display()
         );
         let admin = Client::new(
-            &cp.url(),
+            &balancer.url(),
             &cp.ca_pem(),
             Auth::Cert(cp.admin().clone()),
             false,
@@ -169,7 +180,10 @@ impl Topology {
         for manifest in [NODE_RBAC, TIER_SERVICE_ACCOUNT, TIER_RBAC] {
             apply(&admin, manifest).await?;
         }
-        if !cp.has_constrained_impersonation() {
+        // Where an apiserver without constrained impersonation serves, now
+        // or during a rolling upgrade (1.35 by default), the tier acts as
+        // its nodes by legacy impersonation (docs/operations.md, "Upgrades").
+        if !cp.has_constrained_impersonation() || shape.mixed_versions {
             apply(&admin, TIER_LEGACY_RBAC).await?;
         }
         let reader_token = reader_account(&admin).await?;
@@ -183,10 +197,12 @@ impl Topology {
             create(&admin, &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
                 &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await?;
         }
-        let stop = CancellationToken::new();
         let serving_ca = Ca::new("kcp-robustness-proxies")?;
+        let minor = format!("1.{}", cp.minor());
         let mut topo = Topology {
-            etcd: Etcd::new(&cp.etcd_url()),
+            etcd: Etcd::cluster(&cp.etcd_urls()),
+            versions: vec![minor; cp.apiserver_count()],
+            balancer,
             cp,
             admin,
             dir: dir.to_path_buf(),
@@ -199,7 +215,7 @@ impl Topology {
             reader_token,
             stop,
         };
-        let apiserver: SocketAddr = ([127, 0, 0, 1], topo.cp.port()).into();
+        let apiserver = topo.balancer.addr;
 
         // The tier.
         if shape.tier_nodes > 0 {
@@ -344,7 +360,7 @@ impl Topology {
                 &dir,
                 "apiserver.kubeconfig",
                 &kubeconfig::with_certificate(
-                    &self.cp.url(),
+                    &self.balancer.url(),
                     &self.cp.ca_pem(),
                     &user,
                     &cert.cert_pem,
@@ -448,7 +464,7 @@ impl Topology {
     /// A client of the apiserver with the reader token.
     pub fn direct_reader(&self, h2: bool) -> Result<Client> {
         Client::new(
-            &self.cp.url(),
+            &self.balancer.url(),
             &self.cp.ca_pem(),
             Auth::Token(self.reader_token.clone()),
             h2,

@@ -34,6 +34,9 @@ pub struct Traffic {
     pub nodes: Vec<String>,
     /// Nodes whose Node object the writers may relabel (no kubelet).
     pub relabel_nodes: Vec<String>,
+    /// The first serial of the names it creates (a writer after an etcd
+    /// restore starts past the names the restored world may hold).
+    pub first_serial: u64,
 }
 
 /// Counts of what was written.
@@ -52,7 +55,7 @@ pub async fn run(
 ) -> Written {
     let mut written = Written::default();
     let mut live: BTreeMap<(Resource, &str), Vec<String>> = BTreeMap::new();
-    let mut serial = 0u64;
+    let mut serial = traffic.first_serial;
     let period = Duration::from_secs_f64(1.0 / traffic.rate.max(0.01));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

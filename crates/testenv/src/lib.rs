@@ -809,8 +809,12 @@ impl ControlPlane {
                 })?
                 .map_err(io_err("bumping etcd's revision"))?;
         }
+        // Every apiserver at once, as kubelets restart their static pods.
+        for a in &self.apiservers {
+            a.respawn(None)?;
+        }
         for i in 0..self.apiservers.len() {
-            self.start_apiserver_of(i, None).await?;
+            self.wait_ready(i, APISERVER_READY_TIMEOUT).await?;
         }
         Ok((before, after))
     }

@@ -3,9 +3,11 @@
 //! seeded schedule, then validate every stream and report.
 //!
 //! `setup`: what to run and the watchers started; `sources`: etcd's history
-//! recorded, the proxies' relists and the final lists; `phases`: the run
-//! itself; `report`: what it found, as text.
+//! recorded, the proxies' relists and the final lists; `epoch`: a span
+//! between etcd restores, with its own reference and clients; `phases`: the
+//! run itself; `report`: what it found, as text.
 
+mod epoch;
 mod phases;
 mod report;
 mod setup;

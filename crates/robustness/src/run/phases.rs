@@ -3,24 +3,24 @@
 //! schedule, settle, then validate every stream and fill the report.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use crate::faults::{self, Context, FaultKind, Injected};
-use crate::model::{Resource, Segment, Start};
+use crate::model::{Segment, Start};
 use crate::reference::Reference;
-use crate::topology::{Topology, node_of};
-use crate::traffic::{self, Traffic};
+use crate::topology::Topology;
 use crate::validate::{self, Anomaly, Property, WatcherState};
-use crate::watcher::{self, Recording};
 
+use super::epoch::{Ended, Epoch, wait_served};
 use super::report::Report;
 use super::setup::{Options, watcher_specs};
-use super::sources::{final_list, first_difference, record, relists};
+use super::sources::{final_list, first_difference, relists};
+
+/// Per watcher, the apiserver's consistent list of its filter at the end:
+/// (resourceVersion, each object's resourceVersion), or why not.
+type FinalLists = BTreeMap<String, Result<(u64, BTreeMap<crate::model::ObjectKey, u64>), String>>;
 
 /// Runs it.
 ///
@@ -45,7 +45,9 @@ pub async fn run(opts: &Options) -> Result<Report> {
         dir.display()
     );
     let mut rng = fastrand::Rng::with_seed(opts.seed);
-    let mut topo = Topology::start(&opts.shape, &opts.proxy_bin, &dir).await?;
+    let mut shape = opts.shape.clone();
+    shape.mixed_versions = opts.faults.contains(&FaultKind::RollingUpgrade);
+    let mut topo = Topology::start(&shape, &opts.proxy_bin, &dir).await?;
     println!(
         "topology ready in {:.1?}: {} tier replicas, {} node proxies, {} hollow kubelets",
         started.elapsed(),
@@ -54,79 +56,14 @@ pub async fn run(opts: &Options) -> Result<Report> {
         topo.kubelets.len()
     );
 
-    // The reference: etcd's state now, then every change.
-    let start_rev = topo.etcd.revision().await?;
-    let mut base = Vec::new();
-    for r in Resource::ALL {
-        for kv in topo.etcd.range_prefix(r.etcd_prefix(), start_rev).await? {
-            if let Some((resource, key)) = Resource::of_etcd_key(&kv.key)
-                && let Ok(v) = serde_json::from_slice(&kv.value)
-            {
-                base.push((resource, key, kv.mod_revision, v));
-            }
-        }
-    }
-    let reference = Arc::new(std::sync::Mutex::new(Reference::new(start_rev, base)));
-    let stop_reference = CancellationToken::new();
-    let recorder = tokio::spawn(record(
-        topo.etcd.clone(),
-        reference.clone(),
-        start_rev,
-        stop_reference.clone(),
-    ));
-
-    // Watchers, readers, writers.
-    let recording = Recording::new();
-    let stop_clients = CancellationToken::new();
+    // The first epoch; a backup of etcd for the first restore.
     let specs = watcher_specs(&topo)?;
-    let mut stalls = Vec::new();
-    let mut tasks = Vec::new();
-    for spec in specs.iter().cloned() {
-        let (tx, rx) = watch::channel(false);
-        stalls.push((spec.name.clone(), tx));
-        tasks.push(tokio::spawn(watcher::run(
-            spec,
-            recording.clone(),
-            stop_clients.clone(),
-            rx,
-        )));
-    }
-    for p in &topo.nodes {
-        tasks.push(tokio::spawn(watcher::reader(
-            format!("{}/reader", p.name),
-            p.name.clone(),
-            topo.client_of(p, true, true)?,
-            Resource::Services,
-            Duration::from_millis(500),
-            recording.clone(),
-            stop_clients.clone(),
-        )));
-    }
-    let stop_writes = CancellationToken::new();
-    let nodes: Vec<String> = topo.nodes.iter().map(|p| node_of(p).to_string()).collect();
-    let kubelet_nodes = topo.kubelet_nodes.clone();
-    let writer = tokio::spawn(traffic::run(
-        Traffic {
-            rate: opts.rate,
-            nodes: nodes.clone(),
-            relabel_nodes: nodes
-                .iter()
-                .filter(|n| !kubelet_nodes.contains(n))
-                .cloned()
-                .collect(),
-        },
-        topo.admin.clone(),
-        fastrand::Rng::with_seed(opts.seed ^ 0x5eed),
-        recording.clone(),
-        stop_writes.clone(),
-    ));
+    let mut epoch = Epoch::start(&topo, &specs, opts, 0).await?;
+    let mut ended: Vec<Ended> = Vec::new();
+    let mut backup = topo.cp.etcd_backup().map_err(|e| anyhow!("{e}"))?;
+    let mut backup_at = Instant::now();
 
     // Faults.
-    let ctx = Context {
-        stalls,
-        reference: reference.clone(),
-        dir_full: opts.dir_full,
-    };
     let mut injected = Injected::default();
     let mut timeline = Vec::new();
     let mut windows: Vec<(FaultKind, f64, f64)> = Vec::new();
@@ -144,9 +81,43 @@ pub async fn run(opts: &Options) -> Result<Report> {
         };
         let at = faults_started.elapsed().as_secs_f64();
         let from = crate::model::unix_now();
-        let what = faults::inject(kind, &mut topo, &ctx, &mut rng, &mut injected)
-            .await
-            .with_context(|| format!("injecting {kind} at {at:.0}s"))?;
+        let what = if kind.is_restore() {
+            // The epoch ends with its clients, etcd is restored, and the
+            // next starts once every proxy serves the restored world.
+            let index = epoch.index + 1;
+            ended.push(epoch.end().await?);
+            let (age, backup_rev) = (backup_at.elapsed(), backup.1);
+            let started = Instant::now();
+            let (before, after) = topo
+                .cp
+                .etcd_restore(&backup.0, kind == FaultKind::EtcdRestore)
+                .await
+                .map_err(|e| anyhow!("restoring etcd: {e}"))?;
+            let ready = started.elapsed();
+            let served = wait_served(&topo, Duration::from_secs(120))
+                .await
+                .with_context(|| format!("after {kind}"))?;
+            let slowest = served.iter().map(|(_, d)| *d).max().unwrap_or_default();
+            injected
+                .restores_served
+                .push((ready + slowest).as_secs_f64());
+            epoch = Epoch::start(&topo, &specs, opts, index).await?;
+            backup = topo.cp.etcd_backup().map_err(|e| anyhow!("{e}"))?;
+            backup_at = Instant::now();
+            *injected.by_kind.entry(kind).or_default() += 1;
+            format!(
+                "etcd restored from a backup {age:.0?} old at revision {backup_rev}: {before} -> {after}; apiservers ready {ready:.1?} after it began, every proxy served the restored world {slowest:.1?} after that"
+            )
+        } else {
+            let ctx = Context {
+                stalls: epoch.stalls.clone(),
+                reference: epoch.reference.clone(),
+                dir_full: opts.dir_full,
+            };
+            faults::inject(kind, &mut topo, &ctx, &mut rng, &mut injected)
+                .await
+                .with_context(|| format!("injecting {kind} at {at:.0}s"))?
+        };
         windows.push((kind, from, crate::model::unix_now()));
         println!("[{at:7.1}s] {kind}: {what}");
         timeline.push((at, format!("{kind}: {what}")));
@@ -154,17 +125,15 @@ pub async fn run(opts: &Options) -> Result<Report> {
         tokio::time::sleep(Duration::from_secs_f64(gap)).await;
     }
 
-    drop(ctx);
     // Settle: writes stop; every proxy ready; watchers catch up.
-    stop_writes.cancel();
-    let written = writer.await.unwrap_or_default();
+    epoch.stop_writes().await;
     for p in topo.proxies() {
         crate::topology::wait_ready(p, Duration::from_secs(120)).await?;
     }
     let final_rev = topo.etcd.revision().await?;
     let marker = topo.etcd.put("/kcp-robustness/marker", "end").await?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while reference.lock().map(|r| r.head()).unwrap_or_default() < marker
+    while epoch.reference.lock().map(|r| r.head()).unwrap_or_default() < marker
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -175,7 +144,8 @@ pub async fn run(opts: &Options) -> Result<Report> {
         let behind: Vec<String> = specs
             .iter()
             .filter(|s| {
-                let need = reference
+                let need = epoch
+                    .reference
                     .lock()
                     .map(|r| {
                         r.expected(&s.filter, 0, final_rev)
@@ -184,7 +154,14 @@ pub async fn run(opts: &Options) -> Result<Report> {
                             .unwrap_or(0)
                     })
                     .unwrap_or(0);
-                recording.progress.lock().get(&s.name).copied().unwrap_or(0) < need
+                epoch
+                    .recording
+                    .progress
+                    .lock()
+                    .get(&s.name)
+                    .copied()
+                    .unwrap_or(0)
+                    < need
             })
             .map(|s| s.name.clone())
             .collect();
@@ -196,18 +173,27 @@ pub async fn run(opts: &Options) -> Result<Report> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    stop_clients.cancel();
-    for t in tasks {
-        let _ = t.await;
+    // The apiserver's consistent lists, taken while the reference still
+    // follows etcd: anything outside the harness (a hollow kubelet's
+    // late status update) may write after the writes stopped, so the
+    // reference must reach each list's resourceVersion before the two
+    // are compared.
+    let mut finals: FinalLists = BTreeMap::new();
+    for s in &specs {
+        let listed = final_list(&topo, &s.filter).await;
+        if let Ok((rv, _)) = &listed {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while epoch.reference.lock().map(|r| r.head()).unwrap_or_default() < *rv
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        finals.insert(s.name.clone(), listed.map_err(|e| e.to_string()));
     }
-    stop_reference.cancel();
-    let _ = recorder.await;
+    ended.push(epoch.end().await?);
 
-    // Validate.
-    let reference = Arc::try_unwrap(reference)
-        .map_err(|_| anyhow!("the reference is still shared"))?
-        .into_inner()
-        .map_err(|_| anyhow!("the reference lock is poisoned"))?;
+    // Validate, each epoch against its own history.
     let relists = relists(&dir);
     let mut report = Report {
         seed: opts.seed,
@@ -215,20 +201,57 @@ pub async fn run(opts: &Options) -> Result<Report> {
         faults: injected,
         timeline,
         watchers: specs.len(),
-        changes: reference.len(),
-        failures: recording.failures.lock().clone(),
-        written: written.ok,
         dir: dir.clone(),
+        topology: format!(
+            "{} kube-apiserver(s) ({}) on {} etcd member(s), behind {}; {} tier replicas, {} node proxies, {} hollow kubelets",
+            topo.cp.apiserver_count(),
+            topo.cp.version(),
+            topo.cp.etcd_member_count(),
+            topo.balancer.kind,
+            topo.tier.len(),
+            topo.nodes.len(),
+            topo.kubelets.len()
+        ),
         ..Report::default()
     };
-    let segments = recording.segments();
-    report.segments = segments.len();
+    let epochs = ended.len();
+    let mut all_segments = Vec::new();
+    for e in &ended {
+        report.changes += e.reference.len();
+        for (k, v) in e.recording.failures.lock().iter() {
+            *report.failures.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &e.written.ok {
+            *report.written.entry(k.clone()).or_default() += v;
+        }
+        let last = e.index + 1 == epochs as u64;
+        let segments = e.recording.segments();
+        report.segments += segments.len();
+        validate_epoch(
+            &mut report,
+            &specs,
+            &e.reference,
+            &segments,
+            &relists,
+            &windows,
+            last.then_some((final_rev, &finals)),
+        )
+        .await;
+        let reads = e.recording.reads();
+        report.reads += reads.len();
+        // Reads are counted apart: a read is not a stream (the table's
+        // requests are watch requests).
+        for a in validate::validate_reads(&reads) {
+            report.add(a);
+        }
+        all_segments.extend(segments.into_iter().map(|s| (e.index, s)));
+    }
     // Every stream, for a post-mortem.
-    let dump: String = segments
+    let dump: String = all_segments
         .iter()
-        .map(|s| {
+        .map(|(epoch, s)| {
             format!(
-                "{:.3} {:.3} {} via {}: {:?} -> {:?}, {} items: {:?}\n",
+                "{:.3} {:.3} epoch {epoch} {} via {}: {:?} -> {:?}, {} items: {:?}\n",
                 s.started,
                 s.ended,
                 s.watcher,
@@ -242,7 +265,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
         .collect();
     let _ = std::fs::write(dir.join("segments.txt"), dump);
     let mut by_watcher: BTreeMap<String, Vec<&Segment>> = BTreeMap::new();
-    for s in &segments {
+    for (_, s) in &all_segments {
         by_watcher.entry(s.watcher.clone()).or_default().push(s);
     }
     let mut busiest: Vec<(String, usize, String)> = by_watcher
@@ -270,6 +293,33 @@ pub async fn run(opts: &Options) -> Result<Report> {
     busiest.sort_by_key(|b| std::cmp::Reverse(b.1));
     busiest.truncate(5);
     report.busiest = busiest;
+    for (kind, n) in &report.faults.by_kind {
+        report.by_fault.entry(*kind).or_default().faults = *n;
+    }
+    topo.stop.cancel();
+    for p in topo.nodes.iter().filter(|p| p.small_snapshot_fs) {
+        crate::topology::unmount_small_fs(&p.snapshots);
+    }
+    Ok(report)
+}
+
+/// Validates one epoch's segments against its reference: each watcher's
+/// segments in order; with `final_rev` (the last epoch), each watcher's
+/// final state against the apiserver's consistent list.
+#[allow(clippy::too_many_arguments)]
+async fn validate_epoch(
+    report: &mut Report,
+    specs: &[crate::watcher::WatcherSpec],
+    reference: &Reference,
+    segments: &[Segment],
+    relists: &std::collections::HashMap<String, BTreeSet<u64>>,
+    windows: &[(FaultKind, f64, f64)],
+    finals: Option<(u64, &FinalLists)>,
+) {
+    let mut by_watcher: BTreeMap<String, Vec<&Segment>> = BTreeMap::new();
+    for s in segments {
+        by_watcher.entry(s.watcher.clone()).or_default().push(s);
+    }
     let empty = BTreeSet::new();
     for (name, segs) in &by_watcher {
         let mut state: Option<WatcherState> = None;
@@ -279,11 +329,11 @@ pub async fn run(opts: &Options) -> Result<Report> {
                 _ => None,
             };
             let rl = relists.get(seg.filter.resource.plural()).unwrap_or(&empty);
-            let r = validate::validate_segment(&reference, seg, before, rl);
+            let r = validate::validate_segment(reference, seg, before, rl);
             report.events += r.events;
             report.windows += r.windows;
             let mut seen: BTreeSet<FaultKind> = BTreeSet::new();
-            for (kind, from, to) in &windows {
+            for (kind, from, to) in windows {
                 if seg.started <= to + 5.0 && seg.ended >= *from && seen.insert(*kind) {
                     let row = report.by_fault.entry(*kind).or_default();
                     row.segments += 1;
@@ -298,12 +348,19 @@ pub async fn run(opts: &Options) -> Result<Report> {
             }
             state = Some(r.state);
         }
+        let Some((final_rev, finals)) = finals else {
+            continue;
+        };
         // Final state: the watcher caught up with every change of its own
         // made before the writes stopped, and what it holds equals the
         // apiserver's consistent list (when nothing of its own changed
         // since its last resourceVersion).
         if let (Some(st), Some(spec)) = (&state, specs.iter().find(|s| &s.name == name)) {
-            match final_list(&topo, &spec.filter).await {
+            match finals
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| Err("not taken".into()))
+            {
                 Ok((list_rv, items)) => {
                     let list_rv = list_rv.min(reference.head());
                     let need = reference
@@ -351,19 +408,4 @@ pub async fn run(opts: &Options) -> Result<Report> {
             }
         }
     }
-    for (kind, n) in &report.faults.by_kind {
-        report.by_fault.entry(*kind).or_default().faults = *n;
-    }
-    let reads = recording.reads();
-    report.reads = reads.len();
-    // Reads are counted apart: a read is not a stream (the table's
-    // requests are watch requests).
-    for a in validate::validate_reads(&reads) {
-        report.add(a);
-    }
-    topo.stop.cancel();
-    for p in topo.nodes.iter().filter(|p| p.small_snapshot_fs) {
-        crate::topology::unmount_small_fs(&p.snapshots);
-    }
-    Ok(report)
 }

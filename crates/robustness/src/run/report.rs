@@ -29,6 +29,8 @@ pub struct FaultRow {
 pub struct Report {
     pub seed: u64,
     pub duration: Duration,
+    /// What ran, in a line.
+    pub topology: String,
     pub faults: Injected,
     /// Fault lines, in order, with their time since the start.
     pub timeline: Vec<(f64, String)>,
@@ -86,6 +88,7 @@ impl Report {
                 self.dir.display()
             ),
         );
+        w(&mut out, format!("topology: {}", self.topology));
         let total: u64 = self.faults.by_kind.values().sum();
         w(&mut out, format!("faults injected: {total}"));
         for (k, n) in &self.faults.by_kind {
@@ -115,7 +118,7 @@ impl Report {
         );
         w(&mut out, "fault x property (watch requests open during a fault or the 5 s after it; events they carried; anomalies):".into());
         let mut header = format!(
-            "  {:<18} {:>6} {:>8} {:>8}",
+            "  {:<20} {:>6} {:>8} {:>8}",
             "fault", "faults", "requests", "events"
         );
         for p in Property::ALL {
@@ -124,7 +127,7 @@ impl Report {
         w(&mut out, header);
         for (k, row) in &self.by_fault {
             let mut line = format!(
-                "  {:<18} {:>6} {:>8} {:>8}",
+                "  {:<20} {:>6} {:>8} {:>8}",
                 k.as_str(),
                 row.faults,
                 row.segments,
@@ -180,6 +183,21 @@ impl Report {
                     "node proxy restarts: ready in median {:.2}s, max {:.2}s",
                     r[r.len() / 2],
                     r[r.len() - 1]
+                ),
+            );
+        }
+        if !self.faults.restores_served.is_empty() {
+            let r: Vec<String> = self
+                .faults
+                .restores_served
+                .iter()
+                .map(|s| format!("{s:.1}s"))
+                .collect();
+            w(
+                &mut out,
+                format!(
+                    "etcd restores: every proxy served the restored world {} after the restore began",
+                    r.join(", ")
                 ),
             );
         }

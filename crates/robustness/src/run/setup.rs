@@ -45,6 +45,9 @@ impl Options {
             duration: Duration::from_secs(150),
             proxy_bin: proxy_bin.to_path_buf(),
             shape: Shape {
+                apiservers: 3,
+                etcd_members: 3,
+                mixed_versions: true,
                 direct_nodes: 2,
                 tier_nodes: 2,
                 tier_replicas: 2,
