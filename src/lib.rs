@@ -300,7 +300,17 @@ pub async fn run(
         .map_err(upstream::UpstreamError::Config)?;
     let connect_timeout = Duration::from_secs(config.upstream.connect_timeout_seconds);
     let idle_timeout = Duration::from_secs(config.upstream.idle_timeout_seconds);
-    let mut upstream = Upstream::new(&kube_config, connect_timeout, idle_timeout)?;
+    let balancing = &config.upstream.client_side_balancing;
+    let mut upstream = if balancing.enabled {
+        Upstream::balanced(
+            &kube_config,
+            connect_timeout,
+            idle_timeout,
+            Duration::from_secs(balancing.max_lag_seconds),
+        )?
+    } else {
+        Upstream::new(&kube_config, connect_timeout, idle_timeout)?
+    };
     if let Some(fallback) = &config.upstream.fallback {
         let fallback_config =
             upstream::load_kube_config(Some(&fallback.kubeconfig), fallback.context.clone())
@@ -405,6 +415,21 @@ pub async fn run(
         tokio::spawn(async move { server_info.run(upstream, gauge, token).await });
     }
     upstream.spawn_primary_recheck(token.clone());
+    if let Some(balancer) = upstream.balancer() {
+        balancer.set_metrics(upstream::BalancerMetrics {
+            apiservers: metrics.upstream_apiservers.clone(),
+            connections: metrics.upstream_apiserver_connections.clone(),
+        });
+    }
+    upstream.spawn_balancer(
+        Duration::from_secs(balancing.probe_interval_seconds),
+        token.clone(),
+    );
+    if let Some(balancer) = upstream.balancer() {
+        // The caches' lists and watches start on a balanced connection
+        // rather than on the configured address's, which would be retired.
+        balancer.wait_known(connect_timeout).await;
+    }
     let mut admin = Admin {
         metrics: metrics.clone(),
         readiness: readiness.clone(),

@@ -247,6 +247,10 @@ pub struct Metrics {
     /// 1, labeled by the upstream apiserver's version and impersonation
     /// filter, once learnt.
     pub upstream_info: IntGaugeVec,
+    /// With client-side balancing: the apiservers known, by state.
+    pub upstream_apiservers: IntGaugeVec,
+    /// With client-side balancing: connections opened, by apiserver.
+    pub upstream_apiserver_connections: IntCounterVec,
 }
 
 /// `reason` values of `upstream_errors_total` (from
@@ -391,6 +395,29 @@ impl Metrics {
             &["git_version", "impersonation"],
         )?;
         registry.register(Box::new(upstream_info.clone()))?;
+        let upstream_apiservers = IntGaugeVec::new(
+            Opts::new(
+                "upstream_apiservers",
+                "With upstream.clientSideBalancing: the apiservers learnt from the default/kubernetes EndpointSlices, by state as last probed (unknown, ready, not-ready, lagging).",
+            )
+            .namespace(NS),
+            &["state"],
+        )?;
+        registry.register(Box::new(upstream_apiservers.clone()))?;
+        let upstream_apiserver_connections = IntCounterVec::new(
+            Opts::new(
+                "upstream_apiserver_connections_total",
+                "With upstream.clientSideBalancing: upstream TCP connections opened, by apiserver (ip:port; configured: the kubeconfig's server, while no apiserver is known or ready).",
+            )
+            .namespace(NS),
+            &["apiserver"],
+        )?;
+        registry.register(Box::new(upstream_apiserver_connections.clone()))?;
+        // Present from start (0 without client-side balancing).
+        for state in ["unknown", "ready", "not-ready", "lagging"] {
+            upstream_apiservers.with_label_values(&[state]).set(0);
+        }
+        upstream_apiserver_connections.with_label_values(&["configured"]);
         registry.register(Box::new(proxy_overhead.clone()))?;
         registry.register(Box::new(ready.clone()))?;
         registry.register(Box::new(serving_certificate_expiry.clone()))?;
@@ -440,6 +467,8 @@ impl Metrics {
             serving_certificate_expiry,
             upstream_fallback_active,
             upstream_info,
+            upstream_apiservers,
+            upstream_apiserver_connections,
         })
     }
 

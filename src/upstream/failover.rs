@@ -86,7 +86,32 @@ impl Upstream {
         connect_timeout: Duration,
         idle_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
-        let site = Site::new(kube_config, connect_timeout, idle_timeout)?;
+        Upstream::build(kube_config, connect_timeout, idle_timeout, None)
+    }
+
+    /// [`Upstream::new`] with client-side balancing across the apiservers
+    /// (`upstream.clientSideBalancing`; [`Upstream::spawn_balancer`]
+    /// learns and probes them): an apiserver whose watch cache is below
+    /// what another served `max_lag` earlier is left.
+    ///
+    /// # Errors
+    /// [`UpstreamError::Config`] when its TLS material is invalid.
+    pub fn balanced(
+        kube_config: &kube::Config,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+        max_lag: Duration,
+    ) -> Result<Upstream, UpstreamError> {
+        Upstream::build(kube_config, connect_timeout, idle_timeout, Some(max_lag))
+    }
+
+    fn build(
+        kube_config: &kube::Config,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+        max_lag: Option<Duration>,
+    ) -> Result<Upstream, UpstreamError> {
+        let site = Site::new(kube_config, connect_timeout, idle_timeout, max_lag)?;
         Ok(Upstream {
             sites: Arc::from(vec![site]),
             state: Arc::new(SiteState {
@@ -108,7 +133,7 @@ impl Upstream {
         connect_timeout: Duration,
         idle_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
-        let fallback = Site::new(kube_config, connect_timeout, idle_timeout)?;
+        let fallback = Site::new(kube_config, connect_timeout, idle_timeout, None)?;
         let primary = self.sites[0].clone();
         Ok(Upstream {
             sites: Arc::from(vec![primary, fallback]),
@@ -215,6 +240,37 @@ impl Upstream {
                 };
                 if primary.send(req, Credentials::ClientHttp1).await.is_ok() {
                     this.activate(0);
+                }
+            }
+        });
+    }
+
+    /// The primary server's balancer, with client-side balancing.
+    pub fn balancer(&self) -> Option<&Arc<super::Balancer>> {
+        self.sites[0].balancer.as_ref()
+    }
+
+    /// With client-side balancing, probes the apiservers every `interval`
+    /// (each probe allowed as long; see [`super::balance`]) until
+    /// `shutdown`, the first round at once. Nothing without.
+    pub fn spawn_balancer(
+        &self,
+        interval: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let site = self.sites[0].clone();
+        let Some(balancer) = site.balancer.clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    () = super::balance::probe_round(&site, &balancer, interval) => {}
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(interval) => {}
                 }
             }
         });

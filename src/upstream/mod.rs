@@ -37,6 +37,7 @@
 pub mod csr;
 pub mod identity;
 
+mod balance;
 mod error;
 mod failover;
 mod kubeconfig;
@@ -45,6 +46,7 @@ mod request;
 mod server;
 mod site;
 
+pub use balance::{Balancer, BalancerMetrics, EndpointState};
 pub use error::{UpstreamError, error_chain};
 pub use failover::Upstream;
 pub use kubeconfig::load_kube_config;

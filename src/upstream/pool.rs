@@ -19,13 +19,14 @@ use parking_lot::RwLock;
 use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
 
+use super::balance::{BalancedConnector, Balancer};
 use apimachinery::body::{Body, BoxError};
 
 /// HTTP/2 PING and TCP keepalive interval to the apiserver, and how long a
 /// PING may go unanswered.
 const KEEPALIVE: Duration = Duration::from_secs(5);
 
-type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
+type HttpsConnector = hyper_rustls::HttpsConnector<BalancedConnector>;
 pub(super) type Pool = Client<TimeoutConnector<HttpsConnector>, Body>;
 
 /// A connection pool and the TLS configuration it was built with (for
@@ -154,6 +155,7 @@ impl Transport {
         connect_timeout: Duration,
         idle_timeout: Duration,
         http2: bool,
+        balancer: Option<Arc<Balancer>>,
     ) -> Transport {
         let mut tls_h1 = tls.clone();
         tls_h1.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -166,6 +168,9 @@ impl Transport {
         http.set_keepalive(Some(KEEPALIVE));
         http.set_keepalive_interval(Some(KEEPALIVE));
         http.set_keepalive_retries(Some(2));
+        // With client-side balancing, each connection to the apiserver
+        // the balancer picks (TLS still verifies the configured name).
+        let http = BalancedConnector { http, balancer };
         let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()

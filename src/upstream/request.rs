@@ -170,9 +170,17 @@ impl Site {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let https = self.base.scheme() != Some(&Scheme::HTTP);
         let port = self.base.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let tcp = tokio::net::TcpStream::connect((host, port))
-            .await
-            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        // With client-side balancing, to the apiserver the balancer picks.
+        let routed = self
+            .balancer
+            .as_ref()
+            .and_then(|b| b.route(&self.base).0)
+            .map(|e| e.addr);
+        let tcp = match routed {
+            Some(addr) => tokio::net::TcpStream::connect(addr).await,
+            None => tokio::net::TcpStream::connect((host, port)).await,
+        }
+        .map_err(|e| UpstreamError::Connect(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
         if !https {
             return Ok(Box::new(tcp));

@@ -18,6 +18,7 @@ use rustls_pki_types::ServerName;
 use tower::Layer;
 use tower::util::BoxCloneSyncService;
 
+use super::balance::Balancer;
 use super::error::UpstreamError;
 use super::pool::Transport;
 use crate::component::certs::{Stamp, stamp};
@@ -61,6 +62,9 @@ pub(super) struct Site {
     pub(super) server_name: ServerName<'static>,
     pub(super) connect_timeout: Duration,
     pub(super) idle_timeout: Duration,
+    /// With `upstream.clientSideBalancing`: the apiservers its
+    /// connections are spread across.
+    pub(super) balancer: Option<Arc<Balancer>>,
 }
 
 /// The proxy's client certificate and key files, and what they looked like
@@ -105,6 +109,7 @@ impl Site {
         kube_config: &kube::Config,
         connect_timeout: Duration,
         idle_timeout: Duration,
+        max_lag: Option<Duration>,
     ) -> Result<Site, UpstreamError> {
         let cfg_err = |e: kube::Error| UpstreamError::Config(e.to_string());
         let proxy_tls = kube_config.rustls_client_config().map_err(cfg_err)?;
@@ -119,6 +124,10 @@ impl Site {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
+        let balancer = max_lag.map(|lag| {
+            let authority = base.authority().map_or("", |a| a.as_str()).to_string();
+            Arc::new(Balancer::new(authority, lag))
+        });
         let name = kube_config.tls_server_name.clone().unwrap_or(host);
         let server_name = ServerName::try_from(name.clone())
             .map_err(|e| UpstreamError::Config(format!("invalid TLS server name {name:?}: {e}")))?;
@@ -157,6 +166,7 @@ impl Site {
             connect_timeout,
             idle_timeout,
             true,
+            balancer.clone(),
         );
         let client = Transport::new(
             client_tls.clone(),
@@ -164,6 +174,7 @@ impl Site {
             connect_timeout,
             idle_timeout,
             true,
+            balancer.clone(),
         );
         let client_http1 = Transport::new(
             client_tls,
@@ -171,6 +182,7 @@ impl Site {
             connect_timeout,
             idle_timeout,
             false,
+            balancer.clone(),
         );
         Ok(Site {
             base,
@@ -183,6 +195,7 @@ impl Site {
             server_name,
             connect_timeout,
             idle_timeout,
+            balancer,
         })
     }
 
@@ -224,6 +237,7 @@ impl Site {
             self.connect_timeout,
             self.idle_timeout,
             true,
+            self.balancer.clone(),
         );
         *self.proxy.write() = transport;
         *seen = stamps;

@@ -119,13 +119,15 @@ impl FaultKind {
     /// How often it is drawn, relative to the others.
     fn weight(self) -> u32 {
         match self {
-            FaultKind::ApiserverKill
-            | FaultKind::SnapshotDirFull
-            | FaultKind::RollingRestart
+            FaultKind::ApiserverKill | FaultKind::SnapshotDirFull => 1,
+            // The control plane's own events, rarer in a cluster than a
+            // node's, but drawn as often as the others here: a long run
+            // has at least five of each.
+            FaultKind::RollingRestart
             | FaultKind::RollingUpgrade
             | FaultKind::EtcdRestore
-            | FaultKind::EtcdRestoreNoBump => 1,
-            FaultKind::ApiserverPause
+            | FaultKind::EtcdRestoreNoBump
+            | FaultKind::ApiserverPause
             | FaultKind::Compaction
             | FaultKind::ApiserverLag
             | FaultKind::EtcdLeaderKill

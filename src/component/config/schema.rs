@@ -571,6 +571,40 @@ pub struct UpstreamConfig {
     /// proxy whose upstream is a tier of proxies (docs/tier.md), the
     /// apiserver itself. Unset (default): none.
     pub fallback: Option<FallbackConfig>,
+    /// Spreading upstream connections across a highly available control
+    /// plane's apiservers from the proxy itself (docs/operations.md,
+    /// "Highly available control planes"). Off by default.
+    pub client_side_balancing: ClientSideBalancingConfig,
+}
+
+/// `upstream.clientSideBalancing`: the apiservers learnt from the
+/// `default/kubernetes` EndpointSlices (through the configured server at
+/// first), each new connection to the ready one with the fewest; an
+/// apiserver that fails its probe or lags is left, its connections closed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ClientSideBalancingConfig {
+    /// On or off. Default off: every connection goes to the configured
+    /// server (a load balancer, or one apiserver).
+    pub enabled: bool,
+    /// Seconds between probes of each apiserver (`GET /readyz` and a
+    /// consistent list of the `default/kubernetes` EndpointSlices, each
+    /// allowed as long). Default 10.
+    pub probe_interval_seconds: u64,
+    /// An apiserver whose consistent read's resourceVersion is still below
+    /// what another apiserver served this many seconds earlier lags, and
+    /// is left. Default 10.
+    pub max_lag_seconds: u64,
+}
+
+impl Default for ClientSideBalancingConfig {
+    fn default() -> Self {
+        ClientSideBalancingConfig {
+            enabled: false,
+            probe_interval_seconds: 10,
+            max_lag_seconds: 10,
+        }
+    }
 }
 
 /// `upstream.fallback`: another server, used while the primary cannot be
@@ -621,6 +655,7 @@ impl Default for UpstreamConfig {
             connect_timeout_seconds: 5,
             idle_timeout_seconds: 90,
             fallback: None,
+            client_side_balancing: ClientSideBalancingConfig::default(),
         }
     }
 }

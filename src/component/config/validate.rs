@@ -96,6 +96,19 @@ impl Config {
         if let Some(f) = &self.upstream.fallback {
             readable("upstream.fallback.kubeconfig", &f.kubeconfig)?;
         }
+        let balancing = &self.upstream.client_side_balancing;
+        if balancing.enabled && balancing.probe_interval_seconds == 0 {
+            return Err(ConfigError::invalid(
+                "upstream.clientSideBalancing.probeIntervalSeconds",
+                "must be at least 1",
+            ));
+        }
+        if balancing.enabled && balancing.max_lag_seconds < balancing.probe_interval_seconds {
+            return Err(ConfigError::invalid(
+                "upstream.clientSideBalancing.maxLagSeconds",
+                "must be at least probeIntervalSeconds (a lag is seen across probes)",
+            ));
+        }
         if self.upstream.connect_timeout_seconds == 0 {
             return Err(ConfigError::invalid(
                 "upstream.connectTimeoutSeconds",
