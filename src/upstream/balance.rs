@@ -113,17 +113,27 @@ impl Endpoint {
         EndpointState::from_u8(self.state.load(Ordering::Acquire))
     }
 
-    /// Sets its state; leaving a usable state closes its connections.
-    fn set_state(&self, state: EndpointState) {
+    /// Sets its state; leaving a usable state closes its connections
+    /// when `close` (a probe's verdict; a refused connection alone only
+    /// sends new connections elsewhere).
+    fn set_state(&self, state: EndpointState, close: bool) {
         let before = EndpointState::from_u8(self.state.swap(state as u8, Ordering::AcqRel));
+        // Also when a refused connection made it unusable before a probe
+        // did: connections that still hang on it close now.
+        if close && !state.usable() && self.connections.load(Ordering::Acquire) > 0 {
+            let mut leave = self.leave.lock();
+            leave.cancel();
+            *leave = CancellationToken::new();
+        }
         if before == state {
             return;
         }
         if before.usable() && !state.usable() {
-            let mut leave = self.leave.lock();
-            leave.cancel();
-            *leave = CancellationToken::new();
-            tracing::warn!(apiserver = %self.addr, state = state.as_str(), "leaving an apiserver; its connections close and their watches resume on another");
+            if close {
+                tracing::warn!(apiserver = %self.addr, state = state.as_str(), "leaving an apiserver; its connections close and their watches resume on another");
+            } else {
+                tracing::warn!(apiserver = %self.addr, "an apiserver refused a connection; new connections go elsewhere until a probe finds it ready");
+            }
         } else if state.usable() && !before.usable() {
             tracing::info!(apiserver = %self.addr, "an apiserver is ready again; new connections may go to it");
         }
@@ -220,13 +230,20 @@ impl Balancer {
         }
     }
 
-    /// The apiservers known, each with its state and the connections open
-    /// to it.
-    pub fn endpoints(&self) -> Vec<(SocketAddr, EndpointState, usize)> {
+    /// The apiservers known, each with its state, the resourceVersion of
+    /// its last consistent read and the connections open to it.
+    pub fn endpoints(&self) -> Vec<(SocketAddr, EndpointState, u64, usize)> {
         self.endpoints
             .read()
             .iter()
-            .map(|e| (e.addr, e.state(), e.connections.load(Ordering::Acquire)))
+            .map(|e| {
+                (
+                    e.addr,
+                    e.state(),
+                    e.rv.load(Ordering::Acquire),
+                    e.connections.load(Ordering::Acquire),
+                )
+            })
             .collect()
     }
 
@@ -256,7 +273,7 @@ impl Balancer {
             }
         }
         for gone in endpoints.iter().filter(|e| !addrs.contains(&e.addr)) {
-            gone.set_state(EndpointState::NotReady);
+            gone.set_state(EndpointState::NotReady, true);
         }
         tracing::info!(apiservers = ?addrs, "the apiservers, from the default/kubernetes EndpointSlices");
         *endpoints = next;
@@ -299,7 +316,7 @@ impl Balancer {
                 (true, Some(_)) => EndpointState::Ready,
                 _ => EndpointState::NotReady,
             };
-            e.set_state(state);
+            e.set_state(state, true);
         }
         self.retire_bootstrap();
         self.report();
@@ -387,7 +404,7 @@ impl tower::Service<Uri> for BalancedConnector {
                     // Refused or timed out: not ready until a probe says
                     // otherwise, so the next connection goes elsewhere.
                     if let Some(e) = endpoint.as_ref().filter(|_| !bootstrap) {
-                        e.set_state(EndpointState::NotReady);
+                        e.set_state(EndpointState::NotReady, false);
                     }
                     return Err(BoxError::from(error));
                 }
@@ -704,12 +721,14 @@ mod tests {
         let b = balancer();
         let eps = b.snapshot();
         let leave = eps[1].leave.lock().clone();
+        eps[1].connections.fetch_add(1, Ordering::AcqRel);
         b.record_round(&[
             (eps[0].clone(), true, Some(10)),
             (eps[1].clone(), false, None),
         ]);
         assert_eq!(eps[1].state(), EndpointState::NotReady);
         assert!(leave.is_cancelled(), "its connections close");
+        eps[1].connections.fetch_sub(1, Ordering::AcqRel);
         let lb: Uri = "https://lb:6443/".parse().unwrap();
         for _ in 0..4 {
             assert_eq!(b.route(&lb).0.unwrap().addr, eps[0].addr);
