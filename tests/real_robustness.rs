@@ -1,10 +1,15 @@
 //! The short robustness run (`crates/robustness`, docs/reliability.md), in
-//! CI: a real etcd and kube-apiserver, two tier replicas and four node
-//! proxies of this build on the shipped configurations, hollow kubelets,
-//! recording watchers of every kind, steady writes, and every kind of
-//! fault at least once, from a fixed seed; every watch stream is validated
-//! against etcd's own history. The long run is the same with
-//! `kcp-robustness --duration 1800`.
+//! CI: a highly available control plane (three kube-apiservers on a
+//! three-member etcd cluster, behind HAProxy where it is installed), two
+//! tier replicas and four node proxies of this build on the shipped
+//! configurations, hollow kubelets, recording watchers of every kind,
+//! steady writes, and every kind of fault at least once (the control
+//! plane's: an apiserver killed, stopped or lagging, the etcd leader
+//! killed, a rolling restart, a rolling upgrade to the other minor version,
+//! etcd restored with and without the revision bumped; and the proxies'),
+//! from a fixed seed; every watch stream is validated against etcd's own
+//! history, epoch by epoch across restores. The long run is the same with
+//! `kcp-robustness --duration 2700`.
 //!
 //! Skipped, with one line, where no control plane is available.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
