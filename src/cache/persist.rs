@@ -530,16 +530,40 @@ impl Persister {
     /// more.
     pub async fn run(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
         let mut first: FuturesUnordered<_> = self.caches.iter().map(|c| c.synced()).collect();
+        // A cache reset because upstream's history went back: its snapshot
+        // holds the old history, which a restart after a crash would
+        // serve (a `NotOlderThan` read below its resourceVersion does not
+        // wait), so it is rewritten at once.
+        let reset = |i: usize, mut rx: tokio::sync::watch::Receiver<u64>| async move {
+            let alive = rx.changed().await.is_ok();
+            (i, rx, alive)
+        };
+        let mut resets: FuturesUnordered<_> = self
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(i, c)| reset(i, c.history_resets()))
+            .collect();
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(()) = first.next() => { self.save_all().await; }
+                Some((i, rx, alive)) = resets.next() => {
+                    if let Some(cache) = self.caches.get(i) {
+                        self.forget(cache).await;
+                    }
+                    self.save_all().await;
+                    if alive {
+                        resets.push(reset(i, rx));
+                    }
+                }
                 _ = every.tick() => { self.save_all().await; }
             }
         }
         drop(first);
+        drop(resets);
         // After the last request (the caller stops serving first): when
         // every snapshot is current, the next process may serve them as
         // they are.
@@ -549,6 +573,15 @@ impl Persister {
         {
             tracing::warn!(%error, "marking the snapshots clean failed");
         }
+    }
+
+    /// Forgets which resourceVersion `cache`'s snapshot was written at, so
+    /// the next save writes it even at the same number (of another
+    /// history).
+    async fn forget(&self, cache: &ResourceCache) {
+        let name = Snapshots::file_name(cache.info());
+        self.saved.lock().await.remove(&name);
+        self.snapshots.files.lock().remove(&name);
     }
 
     /// Whether every cache is current: none is still catching up after a
@@ -713,6 +746,56 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), cache.wait_unfrozen())
             .await
             .unwrap();
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[tokio::test]
+    async fn a_cache_reset_to_another_history_is_written_at_once() {
+        let d = dir();
+        let cache = Arc::new(test_cache());
+        let items = |n: usize| -> Vec<CachedObject> {
+            objects(n)
+                .values()
+                .map(|o| {
+                    CachedObject::from_json(
+                        o.json(),
+                        apimachinery::resource::FieldSet::Default,
+                        true,
+                    )
+                    .unwrap()
+                })
+                .collect()
+        };
+        let snapshots = Arc::new(Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap());
+        let p = Arc::new(Persister::new(snapshots.clone(), vec![cache.clone()]));
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(p.clone().run(Duration::from_secs(3600), stop.clone()));
+        let info = cache.info().clone();
+        let on_disk = |rv: u64| {
+            let snapshots = snapshots.clone();
+            let info = info.clone();
+            async move {
+                for _ in 0..200 {
+                    if snapshots.rv_on_disk(&info) == Some(rv) {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                false
+            }
+        };
+        cache.replace(items(3), 40);
+        assert!(on_disk(40).await, "the first list is written at once");
+        // etcd restored without --bump-revision: the relist is below the
+        // cache's resourceVersion, and the old history's snapshot is
+        // replaced long before the next periodic write.
+        cache.replace(items(1), 30);
+        assert!(on_disk(30).await, "the reset is written at once");
+        let reread = Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap();
+        let (rv, loaded) = reread.load(&info).unwrap().unwrap();
+        assert_eq!((rv, loaded.len()), (30, 1));
+        stop.cancel();
+        run.await.unwrap();
         let _ = fs::remove_dir_all(&d);
     }
 

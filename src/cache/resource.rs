@@ -110,6 +110,10 @@ pub struct ResourceCache {
     state: Mutex<State>,
     rv: watch::Sender<u64>,
     synced: watch::Sender<bool>,
+    /// Counts relists that found upstream's history gone back (the cache
+    /// reset): its snapshot on disk holds the old history, and is
+    /// rewritten at once (`persist.rs`).
+    history_resets: watch::Sender<u64>,
     progress_wanted: Notify,
     /// A relist asked for by the consistency checker, or because
     /// upstream's history went back.
@@ -240,6 +244,7 @@ impl ResourceCache {
             compaction: Mutex::new(Compaction::default()),
             upstream_down_since: Mutex::new(None),
             resumed: watch::channel(Resumed::Current).0,
+            history_resets: watch::channel(0).0,
             frozen: watch::channel(false).0,
             times: Mutex::new(Times::default()),
             watchers_by_user: Mutex::new(HashMap::new()),
@@ -271,10 +276,12 @@ impl ResourceCache {
 
     /// Fills (first list) or reconciles (relist) the cache.
     pub fn replace(&self, items: Vec<CachedObject>, list_rv: u64) {
+        let mut reset = false;
         let outcome = {
             let mut s = self.state.lock();
             let before = s.rv();
             if s.is_synced() && list_rv < before {
+                reset = true;
                 // Upstream's history went back (etcd restored from a
                 // backup without `--bump-revision`): the resourceVersions
                 // up to `before` named versions of another history, which
@@ -294,6 +301,9 @@ impl ResourceCache {
         self.snapshots.invalidate_all();
         self.synced
             .send_if_modified(|s| !std::mem::replace(s, true));
+        if reset {
+            self.history_resets.send_modify(|n| *n += 1);
+        }
         tracing::debug!(resource = %self.info.gvr.resource, rv = list_rv, events = outcome.events, "cache replaced from list");
     }
 
@@ -518,6 +528,11 @@ impl ResourceCache {
             .is_ok_and(|r| r.is_ok());
         self.metrics.read_wait(kind, start.elapsed().as_secs_f64());
         reached
+    }
+
+    /// Changes each time a relist found upstream's history gone back.
+    pub fn history_resets(&self) -> watch::Receiver<u64> {
+        self.history_resets.subscribe()
     }
 
     /// Returns when the cache is synced (its first list landed, or it

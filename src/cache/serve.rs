@@ -647,6 +647,27 @@ async fn serve_watch(
         }
         Some(_) => {}
     }
+    // A resourceVersion of a history upstream no longer has (etcd
+    // restored without `--bump-revision`: `ResourceCache::replace`) that
+    // the new one has not reached: the client relists, instead of waiting
+    // for the new history to reach it and applying its changes to the old
+    // one's state. Whether the new history reached it is upstream's
+    // current resourceVersion (the probe consistent reads share); once it
+    // has, the proxy cannot tell it from one it served since, and serves
+    // it as the apiserver would (a cache briefly behind, a tier replica
+    // behind another, must not send its clients into a relist loop).
+    let rewound_rv = match (initial, parsed) {
+        (false, Some(rv)) if rv > cache.rv() && rv < cache.expire_below() => {
+            let info = cache.info().clone();
+            let upstream = upstream.clone();
+            let reached = cache
+                .upstream_rv(read.arrived, move || probe_rv(upstream, &info))
+                .await
+                .is_ok_and(|up| up >= rv);
+            !reached
+        }
+        _ => false,
+    };
     let start = match (initial, parsed) {
         (true, _) => Start::Snapshot,
         // A watch from a revision a probe found compacted: the apiserver
@@ -654,14 +675,7 @@ async fn serve_watch(
         (false, Some(rv)) if rv > 0 && rv <= cache.compacted() => {
             return Answer::PassThrough(COMPACTED);
         }
-        // A resourceVersion of a history upstream no longer has (etcd
-        // restored without `--bump-revision`: `ResourceCache::replace`)
-        // that the new one has not reached: the client relists, instead of
-        // waiting for the new history to reach it and applying its
-        // changes to the old one's state. (Once the new history has passed
-        // it, the proxy cannot tell it from one it served since, and
-        // serves it as the apiserver would.)
-        (false, Some(rv)) if rv > cache.rv() && rv < cache.expire_below() => {
+        (false, Some(rv)) if rewound_rv => {
             return Answer::Served(watcher::error_response(
                 &Status::expired(format!("too old resource version: {rv} ({})", cache.rv())),
                 neg.body.encoding,

@@ -168,10 +168,12 @@ impl Epoch {
 }
 
 /// Waits until every proxy serves the world the apiserver serves (the
-/// run's writes stopped): a `resourceVersion=0` list of services and of
-/// its node's pods through each node proxy, and of services through each
-/// tier replica, equal by name and resourceVersion to a consistent list
-/// from the apiserver. Returns how long it took, per proxy.
+/// run's writes stopped): ready (`/readyz`: every cache's upstream watch
+/// open), and a `resourceVersion=0` list of services and of its node's
+/// pods through each node proxy, and of services and the ConfigMaps the
+/// token watchers read through each tier replica, equal by name and
+/// resourceVersion to a consistent list from the apiserver. Returns how
+/// long it took, per proxy.
 pub(super) async fn wait_served(
     topo: &Topology,
     timeout: Duration,
@@ -179,9 +181,17 @@ pub(super) async fn wait_served(
     let started = Instant::now();
     let mut lists: Vec<(String, crate::client::Client, String)> = Vec::new();
     for p in topo.proxies() {
+        crate::topology::wait_ready(p, timeout.saturating_sub(started.elapsed())).await?;
         let as_node = matches!(p.role, crate::topology::Role::Node { .. });
         let client = topo.client_of(p, as_node, true)?;
         lists.push((p.name.clone(), client.clone(), "/api/v1/services".into()));
+        if !as_node {
+            lists.push((
+                p.name.clone(),
+                client.clone(),
+                "/api/v1/namespaces/rb-0/configmaps".into(),
+            ));
+        }
         if as_node {
             lists.push((
                 p.name.clone(),
