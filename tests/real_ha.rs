@@ -278,12 +278,15 @@ async fn client_side_balancing_against_haproxy() {
         false,
     );
     publish_apiservers(cp, &admin).await;
-    behind_haproxy(cp).await;
+    // The proxy's own balancing first, then HAProxy: each starts once
+    // every apiserver answers consistent reads again.
     client_side_balancing(cp).await;
+    behind_haproxy(cp).await;
 }
 
 /// The proxy behind HAProxy (kubeadm's HA guide), for comparison.
 async fn behind_haproxy(cp: &'static ControlPlane) {
+    wait_all_ready(cp).await;
     let backends: Vec<std::net::SocketAddr> = (0..cp.apiserver_count())
         .map(|i| ([127, 0, 0, 1], port_of(&cp.apiserver_url(i))).into())
         .collect();
@@ -296,15 +299,19 @@ async fn behind_haproxy(cp: &'static ControlPlane) {
         eprintln!("skipping the HAProxy half: HAProxy is not installed (apt-get install haproxy)");
         return;
     }
-    let env = RealEnv::start_on(cp, |c| {
-        cache_configmaps(c);
-        let kubeconfig = c.upstream.kubeconfig.clone().unwrap();
-        std::fs::write(
-            &kubeconfig,
-            cp.kubeconfig_text(&lb.url(), "admin", cp.admin()),
-        )
-        .unwrap();
-    })
+    let env = RealEnv::start_on_within(
+        cp,
+        |c| {
+            cache_configmaps(c);
+            let kubeconfig = c.upstream.kubeconfig.clone().unwrap();
+            std::fs::write(
+                &kubeconfig,
+                cp.kubeconfig_text(&lb.url(), "admin", cp.admin()),
+            )
+            .unwrap();
+        },
+        Duration::from_secs(60),
+    )
     .await;
     let ns = env.namespace("ha-haproxy").await;
     let f = fault_and_measure(&env, &ns, Fault::Kill, Duration::from_secs(60)).await;
@@ -325,8 +332,8 @@ async fn behind_haproxy(cp: &'static ControlPlane) {
     stop.cancel();
 }
 
-/// Waits until every apiserver answers `/readyz` (one just restarted, or
-/// its member).
+/// Waits until every apiserver answers `/readyz` and a consistent read
+/// (one just restarted, or its etcd member).
 async fn wait_all_ready(cp: &ControlPlane) {
     for i in 0..cp.apiserver_count() {
         let c = Client::new(
@@ -335,12 +342,14 @@ async fn wait_all_ready(cp: &ControlPlane) {
             Auth::Cert(cp.admin().clone()),
             false,
         );
-        eventually(Duration::from_secs(60), "an apiserver ready", || async {
-            let r = c
-                .try_send(http::Method::GET, "/readyz", &[], None)
-                .await
-                .ok()?;
-            (r.status == 200).then_some(())
+        eventually(Duration::from_secs(90), "an apiserver ready", || async {
+            for path in ["/readyz", "/api/v1/namespaces/default/configmaps?limit=1"] {
+                let r = c.try_send(http::Method::GET, path, &[], None).await.ok()?;
+                if r.status != 200 {
+                    return None;
+                }
+            }
+            Some(())
         })
         .await;
     }
@@ -361,12 +370,16 @@ async fn client_side_balancing(cp: &'static ControlPlane) {
     wait_all_ready(cp).await;
     // Bootstrapped from one apiserver's address, as a kubeconfig written
     // for one server would be.
-    let env = RealEnv::start_on(cp, |c| {
-        cache_configmaps(c);
-        c.upstream.client_side_balancing.enabled = true;
-        c.upstream.client_side_balancing.probe_interval_seconds = 2;
-        c.upstream.client_side_balancing.max_lag_seconds = 4;
-    })
+    let env = RealEnv::start_on_within(
+        cp,
+        |c| {
+            cache_configmaps(c);
+            c.upstream.client_side_balancing.enabled = true;
+            c.upstream.client_side_balancing.probe_interval_seconds = 2;
+            c.upstream.client_side_balancing.max_lag_seconds = 4;
+        },
+        Duration::from_secs(60),
+    )
     .await;
     let ns = env.namespace("ha-balanced").await;
     eventually(

@@ -123,7 +123,12 @@ impl Running {
 
     /// Waits until `/readyz` answers 200.
     pub async fn ready(&self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        self.ready_within(Duration::from_secs(10)).await;
+    }
+
+    /// Waits until `/readyz` answers 200, at most `timeout`.
+    pub async fn ready_within(&self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let (status, body) = self.admin_get("/readyz?verbose").await;
             if status == 200 {

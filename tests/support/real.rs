@@ -79,12 +79,22 @@ impl RealEnv {
         cp: &'static ControlPlane,
         customize: impl FnOnce(&mut Config),
     ) -> RealEnv {
+        RealEnv::start_on_within(cp, customize, Duration::from_secs(10)).await
+    }
+
+    /// [`RealEnv::start_on`], ready within `ready` (a control plane of
+    /// several apiservers, some just restarted, answers more slowly).
+    pub async fn start_on_within(
+        cp: &'static ControlPlane,
+        customize: impl FnOnce(&mut Config),
+        ready: Duration,
+    ) -> RealEnv {
         let dir = tempdir();
         let proxy_ca = Ca::new("kube-cache-proxy-test-ca").unwrap();
         let mut config = proxy_config(cp, &dir, &proxy_ca);
         customize(&mut config);
         let running = Running::start(&config).await;
-        running.ready().await;
+        running.ready_within(ready).await;
         RealEnv {
             cp,
             dir,
