@@ -171,11 +171,8 @@ impl Site {
         let https = self.base.scheme() != Some(&Scheme::HTTP);
         let port = self.base.port_u16().unwrap_or(if https { 443 } else { 80 });
         // With client-side balancing, to the apiserver the balancer picks.
-        let routed = self
-            .balancer
-            .as_ref()
-            .and_then(|b| b.route(&self.base).0)
-            .map(|e| e.addr);
+        // (None while no apiserver is usable: the configured address.)
+        let routed = self.balancer.as_ref().and_then(|b| b.route(&self.base).1);
         let tcp = match routed {
             Some(addr) => tokio::net::TcpStream::connect(addr).await,
             None => tokio::net::TcpStream::connect((host, port)).await,
