@@ -75,16 +75,21 @@ async fn publish_apiservers(cp: &ControlPlane, admin: &Client) {
     .unwrap();
 }
 
+/// The admin client of apiserver `i` directly.
+fn admin_of(cp: &ControlPlane, i: usize) -> Client {
+    Client::new(
+        &cp.apiserver_url(i),
+        &cp.ca_pem(),
+        Auth::Cert(cp.admin().clone()),
+        false,
+    )
+}
+
 /// The apiserver whose watch cache has a configmaps watch open (the
 /// proxy's reflector: nothing else watches configmaps here).
 async fn carrying_the_watch(cp: &ControlPlane) -> Option<usize> {
     for i in 0..cp.apiserver_count() {
-        let c = Client::new(
-            &cp.apiserver_url(i),
-            &cp.ca_pem(),
-            Auth::Cert(cp.admin().clone()),
-            false,
-        );
+        let c = admin_of(cp, i);
         let Ok(r) = c.try_send(http::Method::GET, "/metrics", &[], None).await else {
             continue;
         };
@@ -136,12 +141,7 @@ async fn fault_and_measure(env: &RealEnv, ns: &str, fault: Fault, limit: Duratio
     )
     .await;
     let writer_of = (victim + 1) % cp.apiserver_count();
-    let writer = Client::new(
-        &cp.apiserver_url(writer_of),
-        &cp.ca_pem(),
-        Auth::Cert(cp.admin().clone()),
-        false,
-    );
+    let writer = admin_of(cp, writer_of);
     let cms = format!("/api/v1/namespaces/{ns}/configmaps");
     let proxy = env.proxy_h2(env.admin());
     let listed = proxy.get(&format!("{cms}?resourceVersion=0")).await.json();
@@ -271,13 +271,7 @@ async fn client_side_balancing_against_haproxy() {
     };
     // The proxy's tests hold a control plane for the whole binary.
     let cp: &'static ControlPlane = Box::leak(Box::new(cp));
-    let admin = Client::new(
-        &cp.url(),
-        &cp.ca_pem(),
-        Auth::Cert(cp.admin().clone()),
-        false,
-    );
-    publish_apiservers(cp, &admin).await;
+    publish_apiservers(cp, &admin_of(cp, 0)).await;
     // The proxy's own balancing first, then HAProxy: each starts once
     // every apiserver answers consistent reads again.
     client_side_balancing(cp).await;
@@ -336,12 +330,7 @@ async fn behind_haproxy(cp: &'static ControlPlane) {
 /// (one just restarted, or its etcd member).
 async fn wait_all_ready(cp: &ControlPlane) {
     for i in 0..cp.apiserver_count() {
-        let c = Client::new(
-            &cp.apiserver_url(i),
-            &cp.ca_pem(),
-            Auth::Cert(cp.admin().clone()),
-            false,
-        );
+        let c = admin_of(cp, i);
         eventually(Duration::from_secs(90), "an apiserver ready", || async {
             for path in ["/readyz", "/api/v1/namespaces/default/configmaps?limit=1"] {
                 let r = c.try_send(http::Method::GET, path, &[], None).await.ok()?;
