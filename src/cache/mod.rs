@@ -67,6 +67,7 @@ impl Caches {
             large_list_objects: config.large_list_objects,
             large_list_wait: Duration::from_millis(config.large_list_wait_milliseconds),
             consistent_watch_wait: Duration::from_millis(config.consistent_watch_wait_milliseconds),
+            progress_roll: Duration::from_secs(config.progress_watch_roll_seconds),
             not_older_than_wait: Duration::from_millis(config.not_older_than_wait_milliseconds),
             ready_wait: Duration::from_millis(config.ready_wait_milliseconds),
         };

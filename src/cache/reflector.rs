@@ -108,6 +108,21 @@ enum WatchEnd {
     Progressed,
 }
 
+/// What an upstream watch is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The reflector's own watch.
+    Reflector,
+    /// A progress watch, ended at its first bookmark.
+    Progress,
+    /// A rolling progress watch, read to its end.
+    Rolling,
+}
+
+/// Most rolling progress watches open at once per resource (each lasts
+/// at most 3 s and one starts a second).
+const MAX_ROLLING: usize = 4;
+
 /// How long a consistency probe may take: it is a `limit=1` list, so a
 /// slower one means upstream is in trouble, and the read passes through.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -218,7 +233,7 @@ impl Reflector {
                         }
                         continue 'relist;
                     }
-                    r = self.watch(rv, timeout, false) => r,
+                    r = self.watch(rv, timeout, Kind::Reflector) => r,
                 };
                 match result {
                     Ok(_) => {
@@ -432,7 +447,19 @@ impl Reflector {
     }
 
     /// Opens progress watches while readers wait for freshness.
+    ///
+    /// A progress watch's bookmark comes at the apiserver's first bookmark
+    /// tick (every 1 s ± 25 %) in the second its pre-timeout bookmark is
+    /// due, 0 to 2.25 s after it starts (`cacher.go`
+    /// `watcherBookmarkTimeBuckets`). One opened when a reader starts to
+    /// wait makes the reader wait that long. *Rolling*: while readers keep
+    /// waiting (until `progress_roll` after the last one) one is opened
+    /// every second and read to its end, so that a watch is due at every
+    /// tick and a reader waits for the next tick only. `progress_roll` of
+    /// zero: one watch per wait, closed at its first bookmark.
     async fn progress_loop(self) {
+        let roll = self.cache.read.progress_roll;
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -441,19 +468,65 @@ impl Reflector {
             if !self.cache.is_synced() {
                 continue;
             }
-            self.cache.metrics.progress_watches.inc();
-            let rv = self.cache.rv();
-            match self.watch(rv, 3, true).await {
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::debug!(%error, "progress watch failed");
-                    // Do not spin when upstream is failing.
-                    if !self.sleep(Duration::from_millis(500)).await {
-                        return;
+            if roll.is_zero() {
+                if !self.progress_watch(false).await {
+                    return;
+                }
+                continue;
+            }
+            let mut last_want = Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => return,
+                    _ = self.cache.progress_wanted() => last_want = Instant::now(),
+                    _ = tick.tick() => {
+                        if last_want.elapsed() >= roll {
+                            break;
+                        }
+                        if !self.cache.is_synced()
+                            || open.load(std::sync::atomic::Ordering::Relaxed) >= MAX_ROLLING
+                        {
+                            continue;
+                        }
+                        open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let (this, open) = (self.clone(), open.clone());
+                        tokio::spawn(async move {
+                            this.progress_watch(true).await;
+                            open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                        });
                     }
                 }
             }
         }
+    }
+
+    /// One progress watch from the cache's RV, `timeoutSeconds=3`: to its
+    /// first bookmark, or to its end when `to_end` (it may then carry a
+    /// second bookmark, a tick later). Returns false when shutting down.
+    async fn progress_watch(&self, to_end: bool) -> bool {
+        self.cache.metrics.progress_watches.inc();
+        let rv = self.cache.rv();
+        let watch = self.watch(
+            rv,
+            3,
+            if to_end {
+                Kind::Rolling
+            } else {
+                Kind::Progress
+            },
+        );
+        let result = tokio::select! {
+            _ = self.shutdown.cancelled() => return false,
+            r = watch => r,
+        };
+        if let Err(error) = result {
+            tracing::debug!(%error, "progress watch failed");
+            // Do not spin when upstream is failing.
+            return self.sleep(Duration::from_millis(500)).await;
+        }
+        true
     }
 
     fn query(&self, extra: &str) -> String {
@@ -529,8 +602,9 @@ impl Reflector {
         &self,
         rv: u64,
         timeout_seconds: u64,
-        progress: bool,
+        kind: Kind,
     ) -> Result<WatchEnd, ReflectorError> {
+        let progress = kind != Kind::Reflector;
         let extra = format!(
             "watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds={timeout_seconds}"
         );
@@ -577,7 +651,7 @@ impl Reflector {
             buf.extend_from_slice(&data);
             while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
                 let line = buf.split_to(pos + 1);
-                if self.handle_line(&line[..pos])? && progress {
+                if self.handle_line(&line[..pos])? && kind == Kind::Progress {
                     return Ok(WatchEnd::Progressed);
                 }
             }

@@ -44,6 +44,7 @@ fn test_cache_in(registry: &prometheus::Registry) -> ResourceCache {
             large_list_objects: 0,
             large_list_wait: Duration::from_secs(3),
             consistent_watch_wait: Duration::from_secs(3),
+            progress_roll: Duration::from_secs(10),
             not_older_than_wait: Duration::from_secs(3),
             ready_wait: Duration::from_secs(5),
         },

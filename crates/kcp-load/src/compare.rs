@@ -160,6 +160,7 @@ pub async fn compare(a: &CompareArgs) -> Result<()> {
             watcher_buffer: None,
             consistent_list_wait_ms: a.consistent_list_wait_ms,
             protobuf_cache_mib: a.protobuf_cache_mib,
+            ..Tuning::default()
         },
         Some(&a.proxy_bin),
     )
@@ -348,7 +349,7 @@ async fn wait_cached(proxy: &RunningProxy, n: usize, timeout: Duration) -> Resul
 
 /// Lease writers reaching `rate` writes/s together (about 40/s each, on
 /// their own connections), straight to the apiserver.
-fn lease_writers(
+pub(crate) fn lease_writers(
     direct: &Target,
     rate: f64,
     stop: &CancellationToken,
@@ -513,7 +514,7 @@ async fn reads(
 
 /// Opens a streaming list and reads it until its `initial-events-end`
 /// bookmark; the stream is then dropped (reset).
-async fn initial_events_end(
+pub(crate) async fn initial_events_end(
     target: &Target,
     conn: &mut crate::client::Conn,
     path: &str,

@@ -69,6 +69,8 @@ pub struct Tuning {
     pub consistent_list_wait_ms: Option<u64>,
     /// `cache.protobufCacheMib`.
     pub protobuf_cache_mib: Option<u64>,
+    /// `cache.progressWatchRollSeconds`.
+    pub progress_roll_seconds: Option<u64>,
 }
 
 impl Tuning {
@@ -450,6 +452,9 @@ fn proxy_yaml(
     }
     if let Some(mib) = tuning.protobuf_cache_mib {
         buffer.push_str(&format!("  protobufCacheMib: {mib}\n"));
+    }
+    if let Some(s) = tuning.progress_roll_seconds {
+        buffer.push_str(&format!("  progressWatchRollSeconds: {s}\n"));
     }
     format!(
         "shutdownGracePeriodSeconds: 1\ntls:\n  certFile: {}\n  privateKeyFile: {}\n  clientCAFile: {}\nupstream:\n  kubeconfig: {}\ncache:\n  readyWaitMilliseconds: 30000\n{buffer}  resources:\n{resources}",

@@ -43,6 +43,7 @@ mod common;
 mod compare;
 mod env;
 mod fixtures;
+mod freshness;
 mod get;
 mod hollow;
 mod idle;
@@ -97,6 +98,10 @@ enum Cmd {
     /// and through a tier of proxies: its watches, CPU, memory, events and
     /// bytes sent, and the relist storm after its restart.
     Tier(tier::TierArgs),
+    /// How long consistent reads of a quiet resource in a busy cluster
+    /// wait for the cache to be shown fresh: progress watches one per
+    /// wait, then rolling, and the apiserver itself.
+    Freshness(freshness::FreshnessArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -133,6 +138,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Kubelet(a)), _) => hollow::kubelet(&a).await,
             (Some(Cmd::Tier(a)), _) => tier::tier(&a).await.map(|_| ()),
             (Some(Cmd::Compare(a)), _) => compare::compare(&a).await,
+            (Some(Cmd::Freshness(a)), _) => freshness::freshness(&a).await,
             (None, false) => Err(anyhow!(
                 "a subcommand or --self-test is required (see --help)"
             )),
