@@ -2,7 +2,9 @@
 //! which allows 100 concurrent HTTP/2 streams per connection: the proxy
 //! opens more upstream connections as they fill (as Go's HTTP/2 transport
 //! does), so 150 pass-through watches are all open at the apiserver and a
-//! request made meanwhile is not queued behind them.
+//! request made meanwhile is not queued behind them. And streaming lists
+//! of a quiet resource in a busy cluster, which wait for an upstream
+//! bookmark, keep progress watches rolling while they come.
 //!
 //! Skipped, with one line, where no control plane is available.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -66,4 +68,119 @@ async fn pass_through_watches_beyond_one_connections_streams_all_open_upstream()
         started.elapsed()
     );
     drop(watches);
+}
+
+/// A streaming list (an informer's start) of a quiet resource in a busy
+/// cluster waits for an upstream bookmark to show the cache fresh. While
+/// such reads keep coming, progress watches roll, one a second, so that one
+/// is due at each of the apiserver's bookmark ticks; without them, after
+/// `progressWatchRollSeconds`, none is opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_watches_roll_while_streaming_lists_wait() {
+    use support::client::Next;
+    let roll = 3;
+    let Some(env) = RealEnv::start_with(|c| {
+        support::cache_configmaps(c);
+        c.cache.progress_watch_roll_seconds = roll;
+    })
+    .await
+    else {
+        return;
+    };
+    let ns = env.namespace("rolling").await;
+    let base = format!("/api/v1/namespaces/{ns}/configmaps");
+    env.create(
+        &base,
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "quiet"}}),
+    )
+    .await;
+    // Busy: a Lease (not cached) written every 20 ms moves etcd's revision.
+    let busy = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let (apiserver, busy, ns) = (env.apiserver(), busy.clone(), ns.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !busy.is_cancelled() {
+                let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": format!("l{i}")}});
+                let path = format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases");
+                assert_eq!(apiserver.post_json(&path, &lease).await.status, 201);
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let counter = |name: &'static str, labels: &'static [(&'static str, &'static str)]| {
+        let env = &env;
+        async move { metric_sum(&env.proxy_metrics().await, name, labels) }
+    };
+    let progress = || {
+        counter(
+            "kube_cache_proxy_cache_progress_watches_total",
+            &[("resource", "configmaps")],
+        )
+    };
+    let served = || {
+        counter(
+            "kube_cache_proxy_cache_reads_total",
+            &[
+                ("resource", "configmaps"),
+                ("verb", "WATCH"),
+                ("source", "cache"),
+            ],
+        )
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (progress_before, served_before) = (progress().await, served().await);
+    let proxy = env.proxy(env.admin());
+    let path = format!(
+        "{base}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan"
+    );
+    let reads = 6;
+    let started = Instant::now();
+    let mut waits = Vec::new();
+    for _ in 0..reads {
+        let t = Instant::now();
+        let mut w = proxy.watch(&path, &[]).await;
+        loop {
+            match w.next(Duration::from_secs(10)).await {
+                Next::Event(e)
+                    if e["type"] == "BOOKMARK"
+                        && e["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"]
+                            == "true" =>
+                {
+                    break;
+                }
+                Next::Event(e) => assert_eq!(e["object"]["metadata"]["name"], "quiet", "{e}"),
+                other => panic!("no initial-events-end: {other:?}"),
+            }
+        }
+        waits.push(t.elapsed());
+        // Longer than a wait: one progress watch per read would fall
+        // behind one a second.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let elapsed = started.elapsed();
+    let rolled = progress().await - progress_before;
+    println!("{reads} streaming lists in {elapsed:?}, waits {waits:?}, {rolled} progress watches");
+    assert_eq!(
+        served().await - served_before,
+        reads as f64,
+        "all from the cache"
+    );
+    // One a second from the first wait on (not one per read).
+    assert!(
+        rolled >= elapsed.as_secs_f64().floor() - 1.0,
+        "{rolled} progress watches in {elapsed:?}"
+    );
+    // No waiting reads: after the roll window, none.
+    tokio::time::sleep(Duration::from_secs(roll + 2)).await;
+    let settled = progress().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        progress().await,
+        settled,
+        "progress watches without waiting reads"
+    );
+    busy.cancel();
+    writer.await.unwrap();
 }

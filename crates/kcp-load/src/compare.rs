@@ -264,6 +264,22 @@ async fn run(
         }
         let lease_start = Instant::now();
         measure_lists(a, proxy, &through, &direct, &cluster, &mut rows).await?;
+        if rate == 0.0 {
+            // What the allocator keeps after many large lists, JSON and
+            // protobuf, were served: the resident memory an operator sees.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let rss3 = (stats::rss_of(proxy_pid), stats::rss_of(api_pid));
+            println!("memory after the lists: {rss3:?} (proxy, apiserver)");
+            let (p, d) = (per(rss0.0, rss3.0), per(rss0.1, rss3.1));
+            rows.push(Row {
+                cluster: cluster.clone(),
+                what: "memory per cached pod ÷ its JSON, after the lists above".into(),
+                direct: opt(d, |v| format!("{v:.2}×")),
+                proxy: opt(p, |v| format!("{v:.2}×")),
+                ratio: ratio(p, d),
+                upstream: "—".into(),
+            });
+        }
         for (proto, watchers) in [(Proto::H2, a.h2_watchers), (Proto::H1, a.h1_watchers)] {
             if watchers == 0 {
                 continue;
