@@ -462,3 +462,162 @@ async fn an_older_kubelet_runs_its_pods_through_the_proxy() {
     );
     assert!(kubelet.exited().is_none() && kube_proxy.exited().is_none());
 }
+
+/// With kube-scheduler and kube-controller-manager, a Deployment's pods
+/// are scheduled onto a hollow node that reads through its node proxy as
+/// itself, and run: the node-lifecycle controller lifts the new node's
+/// `not-ready` taint, the Deployment and ReplicaSet controllers create the
+/// pods, the scheduler binds them, the kubelet reports them Running, and
+/// the EndpointSlice controller follows them behind a Service. Pod startup
+/// latency (creation to Running, from the pods' own timestamps) is
+/// printed. Its own control plane (the controllers act on every node);
+/// skipped where the controllers are absent or not the apiserver's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_runs_on_a_hollow_node_with_the_scheduler_and_controllers() {
+    const NODE: &str = "hollow-scheduled";
+    const REPLICAS: usize = 5;
+    let Some(cp) = ControlPlane::start_or_skip(kube_testenv::Options::default()).await else {
+        return;
+    };
+    if !cp.assets().has_kubemark() {
+        eprintln!("skipping: no kubemark in {}", cp.assets().dir.display());
+        return;
+    }
+    let controllers = match kube_testenv::Assets::controllers() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+    };
+    let version = std::process::Command::new(controllers.binary("kube-controller-manager"))
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    if !version.ends_with(cp.version()) {
+        eprintln!(
+            "skipping: the controllers are {version}, the apiserver {}",
+            cp.version()
+        );
+        return;
+    }
+    let cp: &'static ControlPlane = Box::leak(Box::new(cp));
+    let _controllers = cp.start_controllers().unwrap();
+    let env = RealEnv::start_on(cp, |_| {}).await;
+    let kubelet_kc = env.proxy_kubeconfig(
+        "kubelet-scheduled",
+        &format!("system:node:{NODE}"),
+        Some("system:nodes"),
+    );
+    let kubelet = cp.hollow(Morph::Kubelet, NODE, &kubelet_kc, &[]).unwrap();
+    let admin = env.apiserver();
+    let ns = "scheduled";
+    assert_eq!(
+        admin
+            .post_json(
+                "/api/v1/namespaces",
+                &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            )
+            .await
+            .status,
+        201
+    );
+    // The controller-manager gives the namespace its ServiceAccount.
+    eventually(
+        Duration::from_secs(60),
+        "the default ServiceAccount",
+        || {
+            let admin = admin.clone();
+            async move {
+                (admin
+                    .get(&format!("/api/v1/namespaces/{ns}/serviceaccounts/default"))
+                    .await
+                    .status
+                    == 200)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    env.create(
+        &format!("/api/v1/namespaces/{ns}/services"),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+               "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}}),
+    )
+    .await;
+    env.create(
+        &format!("/apis/apps/v1/namespaces/{ns}/deployments"),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+               "spec": {"replicas": REPLICAS, "selector": {"matchLabels": {"app": "web"}},
+                        "template": {"metadata": {"labels": {"app": "web"}},
+                                     "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}}),
+    )
+    .await;
+    let pods = format!("/api/v1/namespaces/{ns}/pods");
+    let items = eventually(
+        Duration::from_secs(120),
+        "the Deployment's pods Running on the hollow node",
+        || {
+            let (admin, pods) = (admin.clone(), pods.clone());
+            async move {
+                let items = admin.get(&pods).await.json()["items"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                (items.len() == REPLICAS
+                    && items.iter().all(|p| {
+                        p["spec"]["nodeName"] == NODE
+                            && p["status"]["phase"] == "Running"
+                            && condition_true(p, "Ready")
+                    }))
+                .then_some(items)
+            }
+        },
+    )
+    .await;
+    let time = |v: &Value| {
+        v.as_str()
+            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+            .map_or(0, |t| t.as_second())
+    };
+    let mut startup: Vec<i64> = items
+        .iter()
+        .map(|p| {
+            let running =
+                p["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].clone();
+            time(&running) - time(&p["metadata"]["creationTimestamp"])
+        })
+        .collect();
+    startup.sort_unstable();
+    eprintln!("pod startup (creation to container started, whole seconds): {startup:?}");
+    // The EndpointSlice controller follows the pods behind the Service.
+    eventually(Duration::from_secs(60), "the Service's endpoints", || {
+        let admin = admin.clone();
+        async move {
+            let slices = admin
+                .get(&format!(
+                    "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dweb"
+                ))
+                .await
+                .json();
+            let ready = slices["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+                .filter(|e| e["conditions"]["ready"] == true)
+                .count();
+            (ready == REPLICAS).then_some(())
+        }
+    })
+    .await;
+    // The kubelet's reads were the cache's.
+    let m = env.proxy_metrics().await;
+    assert_eq!(
+        requests(&m, "list", "pods", "upstream") + requests(&m, "watch", "pods", "upstream"),
+        0.0,
+        "the kubelet's pod reads went upstream\n{m}"
+    );
+    assert!(kubelet.exited().is_none());
+}

@@ -885,6 +885,77 @@ impl ControlPlane {
     }
 }
 
+/// kube-controller-manager and kube-scheduler, running against a
+/// [`ControlPlane`] ([`ControlPlane::start_controllers`]); stopped when
+/// dropped.
+#[derive(Debug)]
+pub struct Controllers {
+    /// `kube-controller-manager`, as `system:kube-controller-manager`.
+    pub controller_manager: Process,
+    /// `kube-scheduler`, as `system:kube-scheduler`.
+    pub scheduler: Process,
+}
+
+impl ControlPlane {
+    /// Starts kube-controller-manager and kube-scheduler (from
+    /// [`Assets::controllers`]) against the first apiserver, each as its
+    /// own identity, without leader election, with the flags of
+    /// `../shared/k8s/README.md`: Deployments, ReplicaSets, EndpointSlices,
+    /// garbage collection, the node-lifecycle controller (which lifts a new
+    /// node's `not-ready` taint) and service-account tokens become real,
+    /// and pods without `spec.nodeName` are scheduled. Logs:
+    /// `kube-controller-manager.log`, `kube-scheduler.log` in this control
+    /// plane's directory.
+    ///
+    /// # Errors
+    /// When the binaries are absent ([`Error::Assets`]) or do not start.
+    pub fn start_controllers(&self) -> Result<Controllers, Error> {
+        let assets = Assets::controllers()?;
+        let dir = &self.dir;
+        let start = |user: &str, binary: &str, extra: Vec<String>| -> Result<Process, Error> {
+            let cert = self.issue_client(user, None)?;
+            let kubeconfig = self.write_file(
+                &format!("{binary}.kubeconfig"),
+                &self.kubeconfig_text(&self.url(), user, &cert),
+            )?;
+            let mut args = vec![
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--authentication-kubeconfig={}", kubeconfig.display()),
+                format!("--authorization-kubeconfig={}", kubeconfig.display()),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={}", free_port()?),
+                "--leader-elect=false".into(),
+            ];
+            args.extend(extra);
+            Process::spawn(
+                binary,
+                &assets.binary(binary),
+                &args,
+                &dir.join(format!("{binary}.log")),
+            )
+            .map_err(io_err(format!("starting {binary}")))
+        };
+        let controller_manager = start(
+            "system:kube-controller-manager",
+            "kube-controller-manager",
+            vec![
+                "--use-service-account-credentials=true".into(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    dir.join("sa.key").display()
+                ),
+                format!("--root-ca-file={}", dir.join("ca.crt").display()),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+            ],
+        )?;
+        let scheduler = start("system:kube-scheduler", "kube-scheduler", Vec::new())?;
+        Ok(Controllers {
+            controller_manager,
+            scheduler,
+        })
+    }
+}
+
 /// Which hollow component kubemark becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Morph {
