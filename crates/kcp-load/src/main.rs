@@ -51,6 +51,7 @@ mod ingest;
 mod list;
 mod metrics;
 mod real;
+mod scale;
 mod self_test;
 mod stats;
 mod tier;
@@ -102,6 +103,11 @@ enum Cmd {
     /// wait for the cache to be shown fresh: progress watches one per
     /// wait, then rolling, and the apiserver itself.
     Freshness(freshness::FreshnessArgs),
+    /// SIG Scalability's measures (pod startup, API call latency) and the
+    /// control plane's cost on hollow nodes with a real scheduler and
+    /// controller-manager: direct, through node proxies, and through a
+    /// tier; then a mass restart.
+    Scale(scale::ScaleArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -139,6 +145,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Tier(a)), _) => tier::tier(&a).await.map(|_| ()),
             (Some(Cmd::Compare(a)), _) => compare::compare(&a).await,
             (Some(Cmd::Freshness(a)), _) => freshness::freshness(&a).await,
+            (Some(Cmd::Scale(a)), _) => scale::scale(&a).await,
             (None, false) => Err(anyhow!(
                 "a subcommand or --self-test is required (see --help)"
             )),

@@ -78,6 +78,14 @@ pub fn rss_of(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Peak resident set size of `pid` in bytes (`VmHWM`).
+pub fn peak_rss_of(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// Resident set size of this process in bytes (`/proc/self/statm`,
 /// resident pages × 4 KiB).
 pub fn rss_self() -> Option<u64> {

@@ -402,6 +402,11 @@ impl ControlPlane {
         self.apiservers[0].with(Process::pid).unwrap_or_default()
     }
 
+    /// The first etcd member's process id (0 if it is not running).
+    pub fn etcd_pid(&self) -> u32 {
+        self.members[0].with(Process::pid).unwrap_or_default()
+    }
+
     /// The CA that signed the apiserver's serving certificate and that the
     /// apiserver trusts for client certificates, PEM.
     pub fn ca_pem(&self) -> String {

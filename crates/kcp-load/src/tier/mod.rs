@@ -47,11 +47,11 @@
 
 mod args;
 mod nodes;
-mod replicas;
+pub(crate) mod replicas;
 mod report;
 mod restart;
 mod run;
-mod seed;
+pub(crate) mod seed;
 
 pub use args::TierArgs;
 pub use run::tier;

@@ -70,7 +70,7 @@ pub fn tier_config(
     Ok(c)
 }
 
-/// One tier replica, a child process.
+/// One tier replica (or node proxy), a child process.
 pub struct TierReplica {
     child: Child,
     pub url: String,
@@ -110,10 +110,27 @@ impl TierReplica {
             (&cert, &key, &client_ca),
             &upstream,
         )?;
-        let path = write(
-            "config.yaml",
-            &serde_saphyr::to_string(&config).map_err(|e| anyhow!("{e}"))?,
+        TierReplica::spawn(bin, &dir, &format!("tier replica {i}"), &config, ca)
+    }
+
+    /// Runs `bin` with `config` (written to `dir`, its log there too), a
+    /// kube-cache-proxy serving with a certificate of `ca`.
+    pub fn spawn(
+        bin: &Path,
+        dir: &Path,
+        what: &str,
+        config: &Config,
+        ca: &Ca,
+    ) -> Result<TierReplica> {
+        let path = dir.join("config.yaml");
+        std::fs::write(
+            &path,
+            serde_saphyr::to_string(config).map_err(|e| anyhow!("{e}"))?,
         )?;
+        let addr = |a: &str| -> Result<std::net::SocketAddr> {
+            a.parse().with_context(|| format!("{what}: address {a}"))
+        };
+        let (listen, admin) = (addr(&config.listen)?, addr(&config.admin_listen)?);
         let log = std::fs::File::create(dir.join("proxy.log"))?;
         let child = Command::new(bin)
             .args(["--config".as_ref(), path.as_os_str()])
@@ -124,16 +141,21 @@ impl TierReplica {
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         println!(
-            "tier replica {i}: pid {}, https://127.0.0.1:{port}, log {}",
+            "{what}: pid {}, https://{listen}, log {}",
             child.id(),
             dir.join("proxy.log").display()
         );
         Ok(TierReplica {
             child,
-            url: format!("https://127.0.0.1:{port}"),
+            url: format!("https://{listen}"),
             ca_pem: ca.cert_pem(),
-            admin: std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, admin_port)),
+            admin,
         })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     async fn admin_get(&self, path: &str) -> Result<String> {

@@ -1,0 +1,1144 @@
+//! `scale`: SIG Scalability's measures on hollow nodes, direct and through
+//! kube-cache-proxy, side by side in one run (issue 33).
+//!
+//! For each topology, a fresh control plane (`kube-testenv`: etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler, from
+//! `../shared/k8s/`) and `--nodes` hollow nodes (`kubemark`: a kubelet and
+//! a kube-proxy each):
+//! - `direct`: their kubeconfigs point at the apiserver;
+//! - `proxies`: each node's at its own node proxy (a child process running
+//!   the shipped `manifests/node/config.yaml` as the node itself);
+//! - `tier`: those node proxies in front of a tier of two replicas
+//!   (`manifests/tier/config.yaml`), half the nodes on each.
+//!
+//! The workload follows clusterloader2's load test, scaled to the machine:
+//! Deployments of 5 to 50 replicas (each with a Service, and a ConfigMap
+//! and a Secret its pods mount) adding up to `--pods-per-node` pods per
+//! node, created at `--pods-per-second`; once every pod runs, a **mass
+//! restart** (every hollow kubelet and kube-proxy stopped and started at
+//! once); then each Deployment scaled to half, rolling-updated, and
+//! deleted.
+//!
+//! Measured per topology:
+//! - pod startup latency (clusterloader2's: from the pod's creation to it
+//!   running with every container ready, as a watch observes both; here
+//!   the creation is the watch's `ADDED`, not the whole-second
+//!   `creationTimestamp`);
+//! - API call latency p99 by verb and scope, from the apiserver's own
+//!   `apiserver_request_duration_seconds` over the whole run (not 5-minute
+//!   windows), against the SLOs (mutating and single-object reads ≤ 1 s,
+//!   namespace lists ≤ 5 s, cluster lists ≤ 30 s);
+//! - the apiserver's CPU seconds and peak RSS (`VmHWM`), its watches
+//!   (`apiserver_longrunning_requests`) once the workload runs, its LIST
+//!   count and bytes; etcd's CPU seconds;
+//! - the node proxies' CPU and RSS per node, and the tier's;
+//! - the memory per hollow node (its kubelet's and kube-proxy's RSS);
+//! - for the mass restart: the apiserver's CPU and LIST bytes during it,
+//!   and the time until every node has posted its status again and every
+//!   pod runs.
+//!
+//! `--svg` writes a chart of pod startup latency and apiserver CPU by
+//! topology.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use apimachinery::pki::Ca;
+use bytes::Bytes;
+use http::Method;
+use http_body_util::BodyExt;
+use kube_cache_proxy::component::config::{Config, IdentityMode};
+use kube_testenv::{ControlPlane, Morph, Options, Process};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{Proto, Target};
+use crate::env::temp_dir;
+use crate::metrics::{self, Sample};
+use crate::real::Skip;
+use crate::stats::{self, Summary, micros, ms};
+use crate::tier::replicas::{TierReplica, tier_samples, tier_token};
+use crate::tier::seed::apply;
+
+/// The node proxies' shipped configuration.
+const NODE_CONFIG: &str = include_str!("../../../manifests/node/config.yaml");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Topology {
+    /// The hollow nodes talk to the apiserver.
+    Direct,
+    /// Each through its own node proxy.
+    Proxies,
+    /// Through node proxies in front of a tier of two replicas.
+    Tier,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScaleArgs {
+    /// The proxy binary (node proxies and tier replicas, each its own
+    /// process).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "target/release/kube-cache-proxy"
+    )]
+    proxy_bin: PathBuf,
+    /// Hollow nodes.
+    #[arg(long, default_value_t = 50)]
+    nodes: usize,
+    /// Pods per node of the load (clusterloader2's load test: 30).
+    #[arg(long, default_value_t = 30)]
+    pods_per_node: usize,
+    /// Pods created per second (as Deployments).
+    #[arg(long, default_value_t = 10.0)]
+    pods_per_second: f64,
+    /// The topologies, in order (repeatable; default all three).
+    #[arg(long, value_enum)]
+    topology: Vec<Topology>,
+    /// Write the chart here (SVG).
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+    /// Skip the mass restart.
+    #[arg(long)]
+    no_restart: bool,
+}
+
+/// One topology's figures.
+#[derive(Debug, Default, Clone)]
+struct Figures {
+    topology: String,
+    startup: Summary,
+    /// p99 seconds by (verb, scope), and the SLO.
+    api_p99: BTreeMap<(String, String), (f64, f64)>,
+    apiserver_cpu: f64,
+    apiserver_peak_rss: u64,
+    etcd_cpu: f64,
+    watches: f64,
+    lists: f64,
+    list_bytes: f64,
+    proxy_cpu_per_node: Option<f64>,
+    proxy_rss_per_node: Option<u64>,
+    tier_cpu: Option<f64>,
+    tier_rss: Option<u64>,
+    hollow_rss_per_node: u64,
+    restart: Option<Restart>,
+    seconds: f64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Restart {
+    converged: Duration,
+    apiserver_cpu: f64,
+    list_bytes: f64,
+    lists: f64,
+}
+
+pub async fn scale(a: &ScaleArgs) -> Result<()> {
+    let topologies = if a.topology.is_empty() {
+        vec![Topology::Direct, Topology::Proxies, Topology::Tier]
+    } else {
+        a.topology.clone()
+    };
+    let mut all = Vec::new();
+    for t in topologies {
+        println!(
+            "=== {t:?}: {} hollow nodes, {} pods each",
+            a.nodes, a.pods_per_node
+        );
+        let f = run(a, t).await?;
+        print_figures(&f);
+        all.push(f);
+    }
+    println!("--- table");
+    table(&all);
+    if let Some(path) = &a.svg {
+        std::fs::write(path, svg(&all))?;
+        println!("chart: {}", path.display());
+    }
+    Ok(())
+}
+
+/// A hollow node: its kubelet and kube-proxy, and how to start them again.
+struct Hollow {
+    name: String,
+    kubelet_kc: PathBuf,
+    proxy_kc: PathBuf,
+    kubelet: Option<Process>,
+    kube_proxy: Option<Process>,
+}
+
+impl Hollow {
+    fn start(&mut self, cp: &ControlPlane) -> Result<()> {
+        self.kubelet = Some(
+            cp.hollow(Morph::Kubelet, &self.name, &self.kubelet_kc, &[])
+                .map_err(|e| anyhow!("{e}"))?,
+        );
+        self.kube_proxy = Some(
+            cp.hollow(Morph::Proxy, &self.name, &self.proxy_kc, &[])
+                .map_err(|e| anyhow!("{e}"))?,
+        );
+        Ok(())
+    }
+
+    fn stop(&mut self) {
+        for p in [self.kubelet.take(), self.kube_proxy.take()]
+            .into_iter()
+            .flatten()
+        {
+            p.kill();
+        }
+    }
+
+    fn rss(&self) -> u64 {
+        [&self.kubelet, &self.kube_proxy]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| stats::rss_of(p.pid()))
+            .sum()
+    }
+}
+
+async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
+    let started = Instant::now();
+    let cp = match ControlPlane::start(Options::default()).await {
+        Ok(cp) => cp,
+        Err(kube_testenv::Error::Assets(e)) => return Err(Skip(format!("scale: {e}")).into()),
+        Err(e) => bail!("starting the control plane: {e}"),
+    };
+    if !cp.assets().has_kubemark() {
+        return Err(Skip(format!(
+            "scale: no kubemark in {}",
+            cp.assets().dir.display()
+        ))
+        .into());
+    }
+    let _controllers = cp.start_controllers().map_err(|e| match e {
+        kube_testenv::Error::Assets(e) => anyhow::Error::from(Skip(format!("scale: {e}"))),
+        e => anyhow!("starting the controllers: {e}"),
+    })?;
+    let admin = Target::from_kubeconfig(Some(cp.admin_kubeconfig()), None).await?;
+    apply(&admin, include_str!("../../../manifests/node/rbac.yaml")).await?;
+    let dir = temp_dir()?;
+
+    // The tier, then a node proxy per node (or none), then the nodes.
+    let proxy_ca = Ca::new("kcp-load-scale-ca")?;
+    let mut tier = Vec::new();
+    if topology == Topology::Tier {
+        apply(
+            &admin,
+            include_str!("../../../manifests/tier/serviceaccount.yaml"),
+        )
+        .await?;
+        apply(&admin, include_str!("../../../manifests/tier/rbac.yaml")).await?;
+        let token = tier_token(&admin).await?;
+        for i in 0..2 {
+            tier.push(TierReplica::start(
+                &a.proxy_bin,
+                &dir,
+                i,
+                &cp,
+                &proxy_ca,
+                &token,
+            )?);
+        }
+        for r in &tier {
+            r.ready(Duration::from_secs(120)).await?;
+        }
+    }
+    let kube_proxy_cert = cp.issue_client("system:kube-proxy", None)?;
+    let mut proxies = Vec::new();
+    let mut hollows = Vec::new();
+    for i in 0..a.nodes {
+        let name = format!("hollow-{i:03}");
+        let user = format!("system:node:{name}");
+        let cert = cp.issue_client(&user, Some("system:nodes"))?;
+        let node_dir = dir.join(&name);
+        std::fs::create_dir_all(&node_dir)?;
+        let write = |file: &str, text: &str| -> Result<PathBuf> {
+            let p = node_dir.join(file);
+            std::fs::write(&p, text)?;
+            Ok(p)
+        };
+        let (server, server_ca) = if topology == Topology::Direct {
+            (cp.url(), cp.ca_pem())
+        } else {
+            let (upstream, upstream_ca) = match tier.get(i % 2) {
+                Some(r) => (r.url.clone(), r.ca_pem.clone()),
+                None => (cp.url(), cp.ca_pem()),
+            };
+            let serving =
+                proxy_ca.issue_server(&["localhost"], &[std::net::Ipv4Addr::LOCALHOST.into()])?;
+            let mut c = Config::from_yaml(NODE_CONFIG).map_err(|e| anyhow!("{e}"))?;
+            if c.upstream.identity != IdentityMode::Node {
+                bail!("manifests/node/config.yaml is not a node proxy's configuration");
+            }
+            let port = kube_testenv::free_port()?;
+            c.node_name = name.clone();
+            c.listen = format!("127.0.0.1:{port}");
+            c.admin_listen = format!("127.0.0.1:{}", kube_testenv::free_port()?);
+            c.metrics_listen = None;
+            c.tls.cert_file = Some(write("tls.crt", &serving.cert_pem)?);
+            c.tls.private_key_file = Some(write("tls.key", &serving.key_pem)?);
+            c.tls.client_ca_file = Some(write("client-ca.crt", &cp.ca_pem())?);
+            c.upstream.kubeconfig = Some(write(
+                "upstream.kubeconfig",
+                &apimachinery::kubeconfig::with_certificate(
+                    &upstream,
+                    &upstream_ca,
+                    &user,
+                    &cert.cert_pem,
+                    &cert.key_pem,
+                ),
+            )?);
+            c.cache.persistence.directory = None;
+            c.takeover.socket_path = None;
+            c.shutdown_grace_period_seconds = 1;
+            c.validate()?;
+            let p = TierReplica::spawn(
+                &a.proxy_bin,
+                &node_dir,
+                &format!("node proxy {name}"),
+                &c,
+                &proxy_ca,
+            )?;
+            let url = p.url.clone();
+            proxies.push(p);
+            (url, proxy_ca.cert_pem())
+        };
+        let kubelet_kc = write(
+            "kubelet.kubeconfig",
+            &apimachinery::kubeconfig::with_certificate(
+                &server,
+                &server_ca,
+                &user,
+                &cert.cert_pem,
+                &cert.key_pem,
+            ),
+        )?;
+        let proxy_kc = write(
+            "kube-proxy.kubeconfig",
+            &apimachinery::kubeconfig::with_certificate(
+                &server,
+                &server_ca,
+                "system:kube-proxy",
+                &kube_proxy_cert.cert_pem,
+                &kube_proxy_cert.key_pem,
+            ),
+        )?;
+        hollows.push(Hollow {
+            name,
+            kubelet_kc,
+            proxy_kc,
+            kubelet: None,
+            kube_proxy: None,
+        });
+    }
+    for p in &proxies {
+        p.ready(Duration::from_secs(300)).await?;
+    }
+    let cpu0 = cpus(&cp, &proxies, &tier);
+    let api0 = apiserver_metrics(&admin).await?;
+    for h in &mut hollows {
+        h.start(&cp)?;
+    }
+    let ready_in = nodes_ready(&admin, a.nodes, None, Duration::from_secs(600)).await?;
+    println!("{} nodes Ready in {:.1}s", a.nodes, ready_in.as_secs_f64());
+
+    // The load.
+    let pods = Pods::watch(&admin).await?;
+    let plan = plan(a.nodes * a.pods_per_node);
+    let created = Instant::now();
+    for (i, d) in plan.iter().enumerate() {
+        create_deployment(&admin, d).await?;
+        if i % 10 == 9 {
+            println!("created {} deployments", i + 1);
+        }
+        tokio::time::sleep(Duration::from_secs_f64(
+            d.replicas as f64 / a.pods_per_second,
+        ))
+        .await;
+    }
+    let total: usize = plan.iter().map(|d| d.replicas).sum();
+    pods.wait_running(total, Duration::from_secs(1200)).await?;
+    println!(
+        "{total} pods running {:.1}s after the first was created",
+        created.elapsed().as_secs_f64()
+    );
+    let startup = pods.startup();
+    let watches = metric_sum(
+        &apiserver_metrics(&admin).await?,
+        "apiserver_longrunning_requests",
+        &[("verb", "WATCH")],
+    );
+    let hollow_rss = hollows.iter().map(Hollow::rss).sum::<u64>() / a.nodes.max(1) as u64;
+
+    // The mass restart.
+    let restart = if a.no_restart {
+        None
+    } else {
+        let m0 = apiserver_metrics(&admin).await?;
+        let c0 = stats::cpu_of(cp.apiserver_pid()).unwrap_or_default();
+        for h in &mut hollows {
+            h.stop();
+        }
+        let t0 = Instant::now();
+        let wall0 = SystemTime::now();
+        for h in &mut hollows {
+            h.start(&cp)?;
+        }
+        nodes_ready(&admin, a.nodes, Some(wall0), Duration::from_secs(900)).await?;
+        // Every pod's status written again by its new kubelet, running.
+        pods.wait_for(total, Duration::from_secs(900), |p| p.changed > t0)
+            .await?;
+        let converged = t0.elapsed();
+        let m1 = apiserver_metrics(&admin).await?;
+        let c1 = stats::cpu_of(cp.apiserver_pid()).unwrap_or_default();
+        let r = Restart {
+            converged,
+            apiserver_cpu: (c1 - c0).as_secs_f64(),
+            list_bytes: growth(
+                &m0,
+                &m1,
+                "apiserver_response_sizes_sum",
+                &[("verb", "LIST")],
+            ),
+            lists: growth(&m0, &m1, "apiserver_request_total", &[("verb", "LIST")]),
+        };
+        println!(
+            "mass restart: converged in {:.1}s; apiserver {:.1} CPU s, {} LISTs, {}",
+            r.converged.as_secs_f64(),
+            r.apiserver_cpu,
+            r.lists,
+            stats::mib(r.list_bytes as u64)
+        );
+        Some(r)
+    };
+
+    // Scale to half, roll, delete.
+    for d in &plan {
+        scale_deployment(&admin, d, d.replicas.div_ceil(2)).await?;
+    }
+    let half: usize = plan.iter().map(|d| d.replicas.div_ceil(2)).sum();
+    pods.wait_running(half, Duration::from_secs(900)).await?;
+    for d in &plan {
+        roll_deployment(&admin, d).await?;
+    }
+    pods.wait_for(half, Duration::from_secs(900), |p| p.rolled)
+        .await?;
+    for d in &plan {
+        delete(
+            &admin,
+            &format!(
+                "/apis/apps/v1/namespaces/{}/deployments/{}",
+                d.namespace, d.name
+            ),
+        )
+        .await?;
+    }
+    pods.wait_running(0, Duration::from_secs(900)).await?;
+
+    let api1 = apiserver_metrics(&admin).await?;
+    let cpu1 = cpus(&cp, &proxies, &tier);
+    let n = a.nodes.max(1) as f64;
+    let f = Figures {
+        topology: format!("{topology:?}").to_lowercase(),
+        startup,
+        api_p99: latency_p99(&api0, &api1),
+        apiserver_cpu: cpu1.apiserver - cpu0.apiserver,
+        apiserver_peak_rss: stats::peak_rss_of(cp.apiserver_pid()).unwrap_or_default(),
+        etcd_cpu: cpu1.etcd - cpu0.etcd,
+        watches,
+        lists: growth(&api0, &api1, "apiserver_request_total", &[("verb", "LIST")]),
+        list_bytes: growth(
+            &api0,
+            &api1,
+            "apiserver_response_sizes_sum",
+            &[("verb", "LIST")],
+        ),
+        proxy_cpu_per_node: (!proxies.is_empty()).then(|| (cpu1.proxies - cpu0.proxies) / n),
+        proxy_rss_per_node: (!proxies.is_empty()).then(|| {
+            proxies
+                .iter()
+                .filter_map(|p| stats::rss_of(p.pid()))
+                .sum::<u64>()
+                / proxies.len() as u64
+        }),
+        tier_cpu: (!tier.is_empty()).then_some(cpu1.tier - cpu0.tier),
+        tier_rss: (!tier.is_empty()).then(|| tier_samples(&tier).iter().map(|s| s.1).sum()),
+        hollow_rss_per_node: hollow_rss,
+        restart,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    pods.stop();
+    for h in &mut hollows {
+        h.stop();
+    }
+    for p in proxies {
+        p.stop().await;
+    }
+    for r in tier {
+        r.stop().await;
+    }
+    let cp_dir = cp.dir().to_path_buf();
+    drop(_controllers);
+    drop(cp);
+    let _ = std::fs::remove_dir_all(cp_dir);
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(f)
+}
+
+/// CPU seconds so far.
+struct Cpus {
+    apiserver: f64,
+    etcd: f64,
+    proxies: f64,
+    tier: f64,
+}
+
+fn cpus(cp: &ControlPlane, proxies: &[TierReplica], tier: &[TierReplica]) -> Cpus {
+    let of = |pid: u32| stats::cpu_of(pid).unwrap_or_default().as_secs_f64();
+    Cpus {
+        apiserver: of(cp.apiserver_pid()),
+        etcd: of(cp.etcd_pid()),
+        proxies: proxies.iter().map(|p| of(p.pid())).sum(),
+        tier: tier.iter().map(|p| of(p.pid())).sum(),
+    }
+}
+
+async fn apiserver_metrics(admin: &Target) -> Result<Vec<Sample>> {
+    let mut conn = admin.connect(Proto::H1).await?;
+    let r = admin
+        .fetch(&mut conn, Method::GET, "/metrics", None)
+        .await?;
+    if !r.status.is_success() {
+        bail!("/metrics: {}", r.status);
+    }
+    Ok(metrics::parse(&String::from_utf8_lossy(&r.body)))
+}
+
+fn metric_sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == *v))
+        .map(|s| s.value)
+        .sum()
+}
+
+fn growth(before: &[Sample], after: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_sum(after, name, labels) - metric_sum(before, name, labels)
+}
+
+/// The SLO of a (verb, scope): kubernetes/community
+/// `sig-scalability/slos/api_call_latency.md`.
+fn slo(verb: &str, scope: &str) -> f64 {
+    match (verb, scope) {
+        ("LIST", "cluster") => 30.0,
+        ("LIST", _) => 5.0,
+        _ => 1.0,
+    }
+}
+
+/// p99 of `apiserver_request_duration_seconds` over the run, by verb and
+/// scope (long-running verbs left out), as the smallest bucket bound
+/// holding 99 % of the requests.
+fn latency_p99(before: &[Sample], after: &[Sample]) -> BTreeMap<(String, String), (f64, f64)> {
+    let name = "apiserver_request_duration_seconds_bucket";
+    let mut buckets: BTreeMap<(String, String), BTreeMap<u64, f64>> = BTreeMap::new();
+    for (samples, sign) in [(after, 1.0), (before, -1.0)] {
+        for s in samples.iter().filter(|s| s.name == name) {
+            let verb = s.label("verb");
+            if matches!(verb, "WATCH" | "CONNECT" | "WATCHLIST") {
+                continue;
+            }
+            let le = match s.label("le") {
+                "+Inf" => f64::INFINITY,
+                le => le.parse().unwrap_or(f64::INFINITY),
+            };
+            *buckets
+                .entry((verb.to_string(), s.label("scope").to_string()))
+                .or_default()
+                .entry(le.to_bits())
+                .or_default() += sign * s.value;
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (key, b) in buckets {
+        let mut bounds: Vec<(f64, f64)> = b
+            .into_iter()
+            .map(|(le, n)| (f64::from_bits(le), n))
+            .collect();
+        bounds.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let count = bounds.last().map_or(0.0, |b| b.1);
+        if count < 1.0 {
+            continue;
+        }
+        let p99 = bounds
+            .iter()
+            .find(|(_, n)| *n >= 0.99 * count)
+            .map_or(f64::INFINITY, |b| b.0);
+        let limit = slo(&key.0, &key.1);
+        out.insert(key, (p99, limit));
+    }
+    out
+}
+
+/// Waits until `n` nodes are Ready and, with `since`, each has renewed
+/// its Lease since then (a kubelet back after a restart: a node stays
+/// Ready through a restart shorter than the node-monitor grace period);
+/// returns how long it took.
+async fn nodes_ready(
+    admin: &Target,
+    n: usize,
+    since: Option<SystemTime>,
+    timeout: Duration,
+) -> Result<Duration> {
+    let start = Instant::now();
+    let since = since.and_then(|t| jiff::Timestamp::try_from(t).ok());
+    let items = |path: &'static str| async move {
+        let mut conn = admin.connect(Proto::H1).await?;
+        let r = admin.fetch(&mut conn, Method::GET, path, None).await?;
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        anyhow::Ok(v["items"].as_array().cloned().unwrap_or_default())
+    };
+    loop {
+        let ready = items("/api/v1/nodes")
+            .await?
+            .iter()
+            .filter(|node| {
+                node["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .count();
+        let renewed = match since {
+            None => n,
+            Some(since) => items("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
+                .await?
+                .iter()
+                .filter(|l| {
+                    l["spec"]["renewTime"]
+                        .as_str()
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                        .is_some_and(|t| t > since)
+                })
+                .count(),
+        };
+        if ready >= n && renewed >= n {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            bail!("{ready} of {n} nodes Ready, {renewed} Leases renewed, after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A Deployment of the load.
+struct Deployment {
+    namespace: String,
+    name: String,
+    replicas: usize,
+}
+
+/// Deployments of 5, 10, 25 and 50 replicas in turn (the last cut to fit)
+/// adding up to `total` pods, ten to a namespace.
+fn plan(total: usize) -> Vec<Deployment> {
+    let sizes = [5, 10, 25, 50];
+    let mut out = Vec::new();
+    let mut left = total;
+    while left > 0 {
+        let i = out.len();
+        let replicas = sizes[i % sizes.len()].min(left);
+        out.push(Deployment {
+            namespace: format!("load-{}", i / 10),
+            name: format!("d-{i:03}"),
+            replicas,
+        });
+        left -= replicas;
+    }
+    out
+}
+
+async fn post(admin: &Target, path: &str, body: &Value) -> Result<()> {
+    let mut conn = admin.connect(Proto::H1).await?;
+    let r = admin
+        .fetch(
+            &mut conn,
+            Method::POST,
+            path,
+            Some(Bytes::from(serde_json::to_vec(body)?)),
+        )
+        .await?;
+    if !r.status.is_success() && r.status != http::StatusCode::CONFLICT {
+        bail!(
+            "POST {path}: {} {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    Ok(())
+}
+
+async fn delete(admin: &Target, path: &str) -> Result<()> {
+    let mut conn = admin.connect(Proto::H1).await?;
+    let r = admin.fetch(&mut conn, Method::DELETE, path, None).await?;
+    if !r.status.is_success() && r.status != http::StatusCode::NOT_FOUND {
+        bail!("DELETE {path}: {}", r.status);
+    }
+    Ok(())
+}
+
+async fn create_deployment(admin: &Target, d: &Deployment) -> Result<()> {
+    let ns = &d.namespace;
+    let name = &d.name;
+    post(
+        admin,
+        "/api/v1/namespaces",
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )
+    .await?;
+    post(
+        admin,
+        &format!("/api/v1/namespaces/{ns}/configmaps"),
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("{name}-config")}, "data": {"k": "v"}}),
+    )
+    .await?;
+    post(
+        admin,
+        &format!("/api/v1/namespaces/{ns}/secrets"),
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-secret")}, "stringData": {"k": "v"}}),
+    )
+    .await?;
+    post(
+        admin,
+        &format!("/api/v1/namespaces/{ns}/services"),
+        &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+                "spec": {"selector": {"app": name}, "ports": [{"port": 80}]}}),
+    )
+    .await?;
+    post(
+        admin,
+        &format!("/apis/apps/v1/namespaces/{ns}/deployments"),
+        &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": d.replicas, "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}},
+                    "spec": {"automountServiceAccountToken": false,
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                            "volumeMounts": [{"name": "config", "mountPath": "/config"},
+                                             {"name": "secret", "mountPath": "/secret"}]}],
+                        "volumes": [{"name": "config", "configMap": {"name": format!("{name}-config")}},
+                                    {"name": "secret", "secret": {"secretName": format!("{name}-secret")}}]}}}}),
+    )
+    .await
+}
+
+async fn scale_deployment(admin: &Target, d: &Deployment, replicas: usize) -> Result<()> {
+    let (ns, name) = (&d.namespace, &d.name);
+    let path = format!("/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale");
+    let body = json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+                      "metadata": {"name": name, "namespace": ns}, "spec": {"replicas": replicas}});
+    let mut conn = admin.connect(Proto::H1).await?;
+    let r = admin
+        .fetch(
+            &mut conn,
+            Method::PUT,
+            &path,
+            Some(Bytes::from(serde_json::to_vec(&body)?)),
+        )
+        .await?;
+    if !r.status.is_success() {
+        bail!(
+            "PUT {path}: {} {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    Ok(())
+}
+
+/// A rolling update: a new pod-template annotation (read, changed, written
+/// back; again on a conflict).
+async fn roll_deployment(admin: &Target, d: &Deployment) -> Result<()> {
+    let path = format!(
+        "/apis/apps/v1/namespaces/{}/deployments/{}",
+        d.namespace, d.name
+    );
+    for _ in 0..10 {
+        let mut conn = admin.connect(Proto::H1).await?;
+        let r = admin.fetch(&mut conn, Method::GET, &path, None).await?;
+        let mut v: Value = serde_json::from_slice(&r.body)?;
+        v["spec"]["template"]["metadata"]["annotations"] = json!({"kcp-load/rolled": "1"});
+        let r = admin
+            .fetch(
+                &mut conn,
+                Method::PUT,
+                &path,
+                Some(Bytes::from(serde_json::to_vec(&v)?)),
+            )
+            .await?;
+        if r.status.is_success() {
+            return Ok(());
+        }
+        if r.status != http::StatusCode::CONFLICT {
+            bail!("PUT {path}: {}", r.status);
+        }
+    }
+    bail!("PUT {path}: conflicts")
+}
+
+/// What a watch of every pod has seen of one.
+struct Seen {
+    /// When `ADDED` was seen.
+    added: Instant,
+    /// When it was first seen running with every container ready.
+    first_running: Option<Instant>,
+    /// Whether it runs (every container ready) now.
+    running: bool,
+    /// When it last changed.
+    changed: Instant,
+    /// Whether it is of a rolled-out template (`kcp-load/rolled`).
+    rolled: bool,
+}
+
+/// What a watch of every pod has seen, by uid.
+#[derive(Default)]
+struct PodState {
+    pods: HashMap<String, Seen>,
+}
+
+/// A watch of every pod of the load (namespaces `load-*`), straight to
+/// the apiserver as admin.
+struct Pods {
+    state: Arc<Mutex<PodState>>,
+    stop: CancellationToken,
+}
+
+impl Pods {
+    async fn watch(admin: &Target) -> Result<Pods> {
+        let state = Arc::new(Mutex::new(PodState::default()));
+        let stop = CancellationToken::new();
+        let (admin, s, st) = (admin.clone(), state.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut rv = String::new();
+            while !st.is_cancelled() {
+                let watched = watch_pods(&admin, &s, &mut rv);
+                tokio::select! {
+                    _ = st.cancelled() => return,
+                    r = watched => if let Err(e) = r {
+                        println!("pod watch: {e:#}; again");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        });
+        Ok(Pods { state, stop })
+    }
+
+    /// Waits until exactly `n` pods exist and every one runs and
+    /// satisfies `also`.
+    async fn wait_for(
+        &self,
+        n: usize,
+        timeout: Duration,
+        also: impl Fn(&Seen) -> bool,
+    ) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let (total, ok) = {
+                let s = self
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                (
+                    s.pods.len(),
+                    s.pods.values().filter(|p| p.running && also(p)).count(),
+                )
+            };
+            if total == n && ok == n {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!("{ok} of {n} pods as wanted ({total} exist) after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn wait_running(&self, n: usize, timeout: Duration) -> Result<()> {
+        self.wait_for(n, timeout, |_| true).await
+    }
+
+    /// Creation (`ADDED`) to running, of every pod seen running.
+    fn startup(&self) -> Summary {
+        let s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut v: Vec<u32> = s
+            .pods
+            .values()
+            .filter_map(|p| p.first_running.map(|r| micros(r - p.added)))
+            .collect();
+        Summary::of(&mut v)
+    }
+
+    fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+fn running_and_ready(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running"
+        && pod["status"]["containerStatuses"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["ready"] == true))
+}
+
+async fn watch_pods(admin: &Target, state: &Mutex<PodState>, rv: &mut String) -> Result<()> {
+    let mut conn = admin.connect(Proto::H2).await?;
+    let path = if rv.is_empty() {
+        "/api/v1/pods?watch=1".to_string()
+    } else {
+        format!("/api/v1/pods?watch=1&resourceVersion={rv}")
+    };
+    let req = admin.request(&conn, Method::GET, &path, None)?;
+    let resp = conn.send(req).await?;
+    if !resp.status().is_success() {
+        rv.clear();
+        bail!("{path}: {}", resp.status());
+    }
+    let mut body = resp.into_body();
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let e: Value = serde_json::from_slice(&line).context("a watch event")?;
+            let pod = &e["object"];
+            if e["type"] == "ERROR" {
+                rv.clear();
+                bail!("watch error: {e}");
+            }
+            if let Some(v) = pod["metadata"]["resourceVersion"].as_str() {
+                *rv = v.to_string();
+            }
+            if !pod["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|ns| ns.starts_with("load-"))
+            {
+                continue;
+            }
+            let uid = pod["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let now = Instant::now();
+            let mut s = state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if e["type"] == "DELETED" {
+                s.pods.remove(&uid);
+                continue;
+            }
+            let running = running_and_ready(pod);
+            let seen = s.pods.entry(uid).or_insert(Seen {
+                added: now,
+                first_running: None,
+                running: false,
+                changed: now,
+                rolled: false,
+            });
+            seen.running = running;
+            seen.changed = now;
+            seen.rolled = pod["metadata"]["annotations"]["kcp-load/rolled"] == "1";
+            if running && seen.first_running.is_none() {
+                seen.first_running = Some(now);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_figures(f: &Figures) {
+    println!(
+        "{}: pod startup {}; apiserver {:.1} CPU s, peak RSS {}; etcd {:.1} CPU s; {} watches; {} LISTs, {}; {:.0}s",
+        f.topology,
+        f.startup,
+        f.apiserver_cpu,
+        stats::mib(f.apiserver_peak_rss),
+        f.etcd_cpu,
+        f.watches,
+        f.lists,
+        stats::mib(f.list_bytes as u64),
+        f.seconds
+    );
+    for ((verb, scope), (p99, slo)) in &f.api_p99 {
+        println!("  {verb} {scope}: p99 ≤ {p99}s (SLO {slo}s)");
+    }
+}
+
+/// How a table row's cell is written from a topology's figures.
+type Cell = Box<dyn Fn(&Figures) -> String>;
+
+fn table(all: &[Figures]) {
+    let col = |f: &dyn Fn(&Figures) -> String| all.iter().map(f).collect::<Vec<_>>().join(" | ");
+    println!("| | {} |", col(&|f| f.topology.clone()));
+    println!("|---|{}", "---|".repeat(all.len()));
+    let rows: Vec<(&str, Cell)> = vec![
+        (
+            "pod startup p50 / p90 / p99",
+            Box::new(|f: &Figures| {
+                format!(
+                    "{} / {} / {}",
+                    ms(f.startup.p50),
+                    ms(f.startup.p90),
+                    ms(f.startup.p99)
+                )
+            }),
+        ),
+        (
+            "API call p99 over SLO, worst (verb scope)",
+            Box::new(|f: &Figures| {
+                f.api_p99
+                    .iter()
+                    .max_by(|a, b| (a.1.0 / a.1.1).total_cmp(&(b.1.0 / b.1.1)))
+                    .map_or("—".into(), |((v, s), (p, l))| {
+                        format!("{p}s of {l}s ({v} {s})")
+                    })
+            }),
+        ),
+        (
+            "apiserver CPU s",
+            Box::new(|f: &Figures| format!("{:.1}", f.apiserver_cpu)),
+        ),
+        (
+            "apiserver peak RSS",
+            Box::new(|f: &Figures| stats::mib(f.apiserver_peak_rss)),
+        ),
+        (
+            "etcd CPU s",
+            Box::new(|f: &Figures| format!("{:.1}", f.etcd_cpu)),
+        ),
+        (
+            "apiserver watches (loaded)",
+            Box::new(|f: &Figures| format!("{:.0}", f.watches)),
+        ),
+        (
+            "apiserver LISTs / bytes",
+            Box::new(|f: &Figures| format!("{:.0} / {}", f.lists, stats::mib(f.list_bytes as u64))),
+        ),
+        (
+            "node proxy CPU s / RSS per node",
+            Box::new(
+                |f: &Figures| match (f.proxy_cpu_per_node, f.proxy_rss_per_node) {
+                    (Some(c), Some(r)) => format!("{c:.2} / {}", stats::mib(r)),
+                    _ => "—".into(),
+                },
+            ),
+        ),
+        (
+            "tier CPU s / RSS (2 replicas)",
+            Box::new(|f: &Figures| match (f.tier_cpu, f.tier_rss) {
+                (Some(c), Some(r)) => format!("{c:.1} / {}", stats::mib(r)),
+                _ => "—".into(),
+            }),
+        ),
+        (
+            "hollow node RSS (kubelet + kube-proxy)",
+            Box::new(|f: &Figures| stats::mib(f.hollow_rss_per_node)),
+        ),
+        (
+            "mass restart: converged / apiserver CPU s / LISTs / LIST bytes",
+            Box::new(|f: &Figures| {
+                f.restart.as_ref().map_or("—".into(), |r| {
+                    format!(
+                        "{:.1}s / {:.1} / {:.0} / {}",
+                        r.converged.as_secs_f64(),
+                        r.apiserver_cpu,
+                        r.lists,
+                        stats::mib(r.list_bytes as u64)
+                    )
+                })
+            }),
+        ),
+    ];
+    for (what, f) in rows {
+        println!("| {what} | {} |", col(&|x| f(x)));
+    }
+}
+
+/// Two bar charts side by side: pod startup p50/p90/p99 (ms) and the
+/// apiserver's CPU seconds, by topology.
+fn svg(all: &[Figures]) -> String {
+    let (w, h, pad) = (760.0, 320.0, 50.0);
+    let mut out = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let colors = ["#4e79a7", "#f28e2b", "#e15759"];
+    let panels: [(&str, Vec<Vec<f64>>); 2] = [
+        (
+            "pod startup latency (ms): p50, p90, p99",
+            all.iter()
+                .map(|f| {
+                    vec![
+                        f.startup.p50 as f64 / 1000.0,
+                        f.startup.p90 as f64 / 1000.0,
+                        f.startup.p99 as f64 / 1000.0,
+                    ]
+                })
+                .collect(),
+        ),
+        (
+            "apiserver CPU (s)",
+            all.iter().map(|f| vec![f.apiserver_cpu]).collect(),
+        ),
+    ];
+    let panel_w = (w - 3.0 * pad) / 2.0;
+    for (p, (title, values)) in panels.iter().enumerate() {
+        let x0 = pad + p as f64 * (panel_w + pad);
+        let max = values
+            .iter()
+            .flatten()
+            .copied()
+            .fold(0.0_f64, f64::max)
+            .max(1e-9);
+        out.push_str(&format!(r#"<text x="{x0}" y="20">{title}</text>"#));
+        let group_w = panel_w / values.len().max(1) as f64;
+        for (g, bars) in values.iter().enumerate() {
+            let bar_w = group_w * 0.8 / bars.len() as f64;
+            for (b, v) in bars.iter().enumerate() {
+                let bh = (h - 2.0 * pad) * v / max;
+                let x = x0 + g as f64 * group_w + b as f64 * bar_w;
+                let y = h - pad - bh;
+                out.push_str(&format!(
+                    r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{bh:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" font-size="10">{v:.0}</text>"#,
+                    bar_w * 0.95,
+                    colors[b % colors.len()],
+                    x,
+                    y - 3.0
+                ));
+            }
+            out.push_str(&format!(
+                r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
+                x0 + g as f64 * group_w,
+                h - pad + 16.0,
+                all[g].topology
+            ));
+        }
+        out.push_str(&format!(
+            r#"<line x1="{x0}" y1="{y}" x2="{x2}" y2="{y}" stroke="black"/>"#,
+            y = h - pad,
+            x2 = x0 + panel_w
+        ));
+    }
+    out.push_str("</svg>\n");
+    out
+}
