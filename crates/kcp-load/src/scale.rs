@@ -134,6 +134,9 @@ struct Restart {
     apiserver_cpu: f64,
     list_bytes: f64,
     lists: f64,
+    /// Bytes of watch events the apiserver sent: a streaming list's
+    /// initial events are these, not a LIST's.
+    watch_bytes: f64,
 }
 
 pub async fn scale(a: &ScaleArgs) -> Result<()> {
@@ -406,13 +409,15 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
                 &[("verb", "LIST")],
             ),
             lists: growth(&m0, &m1, "apiserver_request_total", &[("verb", "LIST")]),
+            watch_bytes: growth(&m0, &m1, "apiserver_watch_events_sizes_sum", &[]),
         };
         println!(
-            "mass restart: converged in {:.1}s; apiserver {:.1} CPU s, {} LISTs, {}",
+            "mass restart: converged in {:.1}s; apiserver {:.1} CPU s, {} LISTs, {}, watch events {}",
             r.converged.as_secs_f64(),
             r.apiserver_cpu,
             r.lists,
-            stats::mib(r.list_bytes as u64)
+            stats::mib(r.list_bytes as u64),
+            stats::mib(r.watch_bytes as u64)
         );
         Some(r)
     };
@@ -1056,15 +1061,16 @@ fn table(all: &[Figures]) {
             Box::new(|f: &Figures| stats::mib(f.hollow_rss_per_node)),
         ),
         (
-            "mass restart: converged / apiserver CPU s / LISTs / LIST bytes",
+            "mass restart: converged / apiserver CPU s / LISTs / LIST bytes / watch event bytes",
             Box::new(|f: &Figures| {
                 f.restart.as_ref().map_or("—".into(), |r| {
                     format!(
-                        "{:.1}s / {:.1} / {:.0} / {}",
+                        "{:.1}s / {:.1} / {:.0} / {} / {}",
                         r.converged.as_secs_f64(),
                         r.apiserver_cpu,
                         r.lists,
-                        stats::mib(r.list_bytes as u64)
+                        stats::mib(r.list_bytes as u64),
+                        stats::mib(r.watch_bytes as u64)
                     )
                 })
             }),
