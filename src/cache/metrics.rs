@@ -25,7 +25,7 @@ const CONSISTENCY_CHECK_STATUSES: [&str; 3] = ["success", "failure", "error"];
 /// `result` values of `cache_compaction_probes_total`.
 const COMPACTION_PROBE_RESULTS: [&str; 3] = ["alive", "compacted", "error"];
 /// `result` values of `cache_consistency_probes_total`.
-pub const PROBE_RESULTS: &[&str] = &["ok", "error"];
+pub const PROBE_RESULTS: &[&str] = &["ok", "busy", "error"];
 /// `verb` values of `cache_reads_total`, as kube-apiserver names them.
 pub const READ_VERBS: &[&str] = &["GET", "LIST", "WATCH"];
 /// `representation` values of `cache_served_total`.
@@ -168,7 +168,7 @@ impl CacheMetrics {
                 &["group", "resource", "kind"],
             )?,
             reads: counter("cache_reads_total", "Reads of cached resources, by verb (GET|LIST|WATCH) and how they were answered (cache|upstream) and why (snake_case reason).", &["verb", "source", "reason"])?,
-            consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes (a consistent limit=1 list) for consistent reads and resumed watches, by result (ok|error).", &["result"])?,
+            consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes (a consistent limit=1 list) for consistent reads and resumed watches, by result (ok|busy: shed or unanswered in 10 s|error).", &["result"])?,
             compaction_probes: counter("cache_compaction_probes_total", "Upstream probes of whether a resourceVersion an exact read asks for is compacted (a limit=1 list with resourceVersionMatch=Exact), by result (alive|compacted|error).", &["result"])?,
             consistency_checks: counter("consistency_checks_total", "Consistency checks of the cache against upstream at the cache's resourceVersion, by status (success|failure|error); a failure relists the resource.", &["status"])?,
             consistency_check_seconds: HistogramVec::new(

@@ -123,9 +123,39 @@ enum Kind {
 /// at most 3 s and one starts a second).
 const MAX_ROLLING: usize = 4;
 
-/// How long a consistency probe may take: it is a `limit=1` list, so a
-/// slower one means upstream is in trouble, and the read passes through.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a consistency probe may take. It is a `limit=1` list, which
+/// an idle apiserver answers in milliseconds; a loaded one queues it in
+/// API Priority and Fairness for up to a quarter of its request timeout
+/// (15 s by default) before answering `429`, and the read it proves would
+/// wait in the same queue if passed through, at the cost of a relist. So
+/// the probe waits long enough to ride out a loaded apiserver, and what
+/// still gets no answer is answered [`PROBE_BUSY`] (`serve.rs`
+/// `consistent`).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The start of a probe's error when upstream shed it (`429`) or did not
+/// answer within [`PROBE_TIMEOUT`]: the read it was for is answered with
+/// an error to retry (`503` or `429`, `Retry-After: 1`), never passed
+/// through, since a pass-through would cost an overloaded apiserver a
+/// whole list where the probe cost it one object (seen in a mass restart
+/// of 50 hollow nodes: docs/performance.md, section (k)).
+pub const PROBE_BUSY: &str = "upstream busy: ";
+
+/// A probe's outcome, with [`PROBE_BUSY`] marking a shed or unanswered
+/// one.
+async fn bounded_probe<T>(
+    probe: impl Future<Output = Result<T, ReflectorError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Err(_) => Err(format!("{PROBE_BUSY}no answer in {PROBE_TIMEOUT:?}")),
+        Ok(Err(e @ ReflectorError::Status { status, .. }))
+            if status == StatusCode::TOO_MANY_REQUESTS =>
+        {
+            Err(format!("{PROBE_BUSY}{e}"))
+        }
+        Ok(r) => r.map_err(|e| e.to_string()),
+    }
+}
 
 /// How long upstream may be unwatchable before readiness reports the cache
 /// stale.
@@ -816,19 +846,14 @@ pub fn probe_compaction(
         match get(&upstream, &q, reads_as.as_ref()).await {
             Ok(resp) => {
                 // Read to the end, so the connection is reused.
-                read_body(resp).await.map_err(|e| e.to_string())?;
+                read_body(resp).await?;
                 Ok(Verdict::Alive)
             }
             Err(ReflectorError::Expired(_)) => Ok(Verdict::Compacted),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e),
         }
     };
-    async move {
-        tokio::time::timeout(PROBE_TIMEOUT, probe)
-            .await
-            .map_err(|_| format!("no answer in {PROBE_TIMEOUT:?}"))?
-    }
-    .boxed()
+    bounded_probe(probe).boxed()
 }
 
 /// Upstream's current resourceVersion: a `limit=1` list, which on
@@ -847,27 +872,46 @@ pub fn probe_rv(
     }
     let reads_as = info.reads_as.clone();
     let probe = async move {
-        let resp = get(&upstream, &q, reads_as.as_ref())
-            .await
-            .map_err(|e| e.to_string())?;
-        let bytes = read_body(resp).await.map_err(|e| e.to_string())?;
-        let page: ListBody<'_> = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        let resp = get(&upstream, &q, reads_as.as_ref()).await?;
+        let bytes = read_body(resp).await?;
+        let page: ListBody<'_> =
+            serde_json::from_slice(&bytes).map_err(|e| ReflectorError::Malformed(e.to_string()))?;
         page.metadata
             .resource_version
             .parse::<u64>()
-            .map_err(|_| "probe list has no resourceVersion".to_string())
+            .map_err(|_| ReflectorError::Malformed("probe list has no resourceVersion".into()))
     };
-    async move {
-        tokio::time::timeout(PROBE_TIMEOUT, probe)
-            .await
-            .map_err(|_| format!("no answer in {PROBE_TIMEOUT:?}"))?
-    }
-    .boxed()
+    bounded_probe(probe).boxed()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A probe upstream sheds (`429`) is marked busy (the read is then
+    /// answered, not passed through); any other failure is not. (One left
+    /// unanswered: `tests/real_outage.rs`, a hung apiserver.)
+    #[tokio::test]
+    async fn shed_probes_are_busy() {
+        let status = |status| async move {
+            Err::<u64, _>(ReflectorError::Status {
+                status,
+                message: "m".into(),
+            })
+        };
+        let shed = bounded_probe(status(StatusCode::TOO_MANY_REQUESTS))
+            .await
+            .unwrap_err();
+        assert!(shed.starts_with(PROBE_BUSY), "{shed}");
+        assert!(shed.contains("429"), "{shed}");
+        for failed in [
+            bounded_probe(status(StatusCode::INTERNAL_SERVER_ERROR)).await,
+            bounded_probe(async { Err(ReflectorError::Upstream("refused".into())) }).await,
+        ] {
+            assert!(!failed.unwrap_err().starts_with(PROBE_BUSY));
+        }
+        assert_eq!(bounded_probe(async { Ok(7) }).await, Ok(7));
+    }
 
     #[test]
     fn backoff_doubles_with_jitter_caps_and_resets() {

@@ -651,7 +651,11 @@ impl ResourceCache {
             let probe = start_probe();
             async move {
                 let result = probe.await;
-                metrics.probe(if result.is_ok() { "ok" } else { "error" });
+                metrics.probe(match &result {
+                    Ok(_) => "ok",
+                    Err(e) if e.starts_with(super::reflector::PROBE_BUSY) => "busy",
+                    Err(_) => "error",
+                });
                 result
             }
             .boxed()

@@ -65,7 +65,7 @@ use super::filter::Filter;
 use super::list;
 use super::negotiate::{Encoding, ErrorEncoding, Negotiated, Verb, negotiate};
 use super::query::{self, ListOptions, Match, QueryError};
-use super::reflector::{probe_compaction, probe_rv};
+use super::reflector::{self, probe_compaction, probe_rv};
 use super::resource::ResourceCache;
 use super::store::Start;
 use super::watcher::{self, WatchParams};
@@ -227,12 +227,17 @@ async fn current(cache: &ResourceCache) -> Result<(), Answer> {
 
 /// Proves the cache holds upstream's current state (it has reached the RV
 /// a probe started after the request arrived found upstream at), waiting
-/// at most `wait` for it; or declines.
+/// at most `wait` for it; or declines. A probe upstream shed or left
+/// unanswered ([`reflector::PROBE_BUSY`]) is answered with an error to
+/// retry, as the apiserver's own overload answers: `429` (what upstream
+/// said) or `503`, each with `Retry-After: 1` (client-go's reflectors
+/// retry a `429` watch without falling back to a list).
 async fn consistent(
     cache: &ResourceCache,
     upstream: &Upstream,
     arrived: Instant,
     wait: Duration,
+    neg: Negotiated,
 ) -> Result<(), Answer> {
     if wait.is_zero() && cache.known_behind() {
         return Err(Answer::PassThrough(NOT_FRESH));
@@ -242,7 +247,10 @@ async fn consistent(
     let target = cache
         .upstream_rv(arrived, move || probe_rv(upstream, &info))
         .await
-        .map_err(|_| Answer::PassThrough(PROBE_FAILED))?;
+        .map_err(|e| match e.strip_prefix(reflector::PROBE_BUSY) {
+            Some(why) => status(busy(why), neg),
+            None => Answer::PassThrough(PROBE_FAILED),
+        })?;
     let fresh = if wait.is_zero() {
         let fresh = cache.rv() >= target;
         cache.note_probe(fresh);
@@ -254,6 +262,28 @@ async fn consistent(
         Ok(())
     } else {
         Err(Answer::PassThrough(NOT_FRESH))
+    }
+}
+
+/// The answer to a read whose consistency probe upstream shed (`429`,
+/// API Priority and Fairness's own words) or did not answer.
+fn busy(why: &str) -> Status {
+    let retry = apimachinery::status::Details {
+        retry_after_seconds: Some(1),
+        ..Default::default()
+    };
+    if why.contains("429") {
+        Status::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequests",
+            "Too many requests, please try again later.",
+        )
+        .with_details(retry)
+    } else {
+        Status::service_unavailable(format!(
+            "the apiserver did not answer a consistency check: {why}"
+        ))
+        .with_details(retry)
     }
 }
 
@@ -504,6 +534,7 @@ async fn serve_list(
                 upstream,
                 read.arrived,
                 consistent_list_wait(cache, &prefix),
+                neg,
             )
             .await
             {
@@ -629,6 +660,7 @@ async fn serve_watch(
                 upstream,
                 read.arrived,
                 cache.read.consistent_watch_wait,
+                neg,
             )
             .await
             {
@@ -721,5 +753,23 @@ async fn serve_watch(
         // may still hold them (its watch cache often reaches further back),
         // and answers `410 Expired` itself when it does not.
         Err(_too_old) => Answer::PassThrough(OLDER_THAN_THE_CACHE),
+    }
+}
+
+#[cfg(test)]
+mod busy_tests {
+    use super::*;
+
+    /// A shed probe is answered as API Priority and Fairness answers the
+    /// request it sheds; an unanswered one `503`; both with
+    /// `Retry-After: 1`.
+    #[test]
+    fn busy_probes_answer_429_or_503_with_retry_after() {
+        let shed = busy("upstream answered 429 Too Many Requests: m").into_response();
+        assert_eq!(shed.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(shed.headers()["retry-after"], "1");
+        let hung = busy("no answer in 10s");
+        assert_eq!(hung.status_code(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(hung.into_response().headers()["retry-after"], "1");
     }
 }

@@ -169,9 +169,29 @@ impl TierReplica {
         Ok(out)
     }
 
+    /// Its `/metrics` (asked in HTTP/1.0, so the body is not chunked).
+    pub async fn metrics(&self) -> Result<Vec<crate::metrics::Sample>> {
+        let mut s = tokio::net::TcpStream::connect(self.admin).await?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Ok(crate::metrics::parse(body))
+    }
+
     pub async fn ready(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
+            // Exited (a zombie until reaped): a port picked free was taken
+            // before it bound it, say; another process may answer there.
+            let pid = self.child.id();
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if state
+                .rsplit_once(") ")
+                .is_none_or(|(_, rest)| rest.starts_with('Z'))
+            {
+                bail!("the proxy (pid {pid}) exited before it was ready");
+            }
             let last = match self.admin_get("/readyz?verbose").await {
                 Ok(r) if r.starts_with("HTTP/1.1 200") => return Ok(()),
                 Ok(r) => r,
