@@ -659,20 +659,17 @@ async fn print_proxies_upstream(proxies: &[TierReplica]) {
     );
 }
 
-/// [`growth`] of every series of `name`, summed by the value of `label`.
+/// [`metrics::growth`] of `name` by the value of one label.
 fn growth_by(
     before: &[Sample],
     after: &[Sample],
     name: &str,
     label: &str,
 ) -> BTreeMap<String, f64> {
-    let mut by = BTreeMap::new();
-    for (samples, sign) in [(after, 1.0), (before, -1.0)] {
-        for s in samples.iter().filter(|s| s.name == name) {
-            *by.entry(s.label(label).to_string()).or_default() += sign * s.value;
-        }
-    }
-    by
+    metrics::growth(before, after, name, &[label])
+        .into_iter()
+        .map(|(mut k, v)| (k.pop().unwrap_or_default(), v))
+        .collect()
 }
 
 /// The SLO of a (verb, scope): kubernetes/community
