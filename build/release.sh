@@ -42,15 +42,18 @@ cargo build --locked --profile image -p kube-cache-proxy --no-default-features -
 bin=$target/image/kube-cache-proxy
 
 # No simulator: not a dependency of the production build...
-if cargo tree --locked -p kube-cache-proxy --no-default-features -e normal --prefix none \
-    | grep -q '^kube-apiserver-sim '; then
+# (Each tool's whole output is read first: under pipefail, `grep -q`
+# closing a pipe early makes the writer's SIGPIPE fail the test.)
+deps=$(cargo tree --locked -p kube-cache-proxy --no-default-features -e normal --prefix none)
+if grep -q '^kube-apiserver-sim ' <<<"$deps"; then
     fail "kube-apiserver-sim is a dependency of the production build"
 fi
 # ... and not in the binary.
 if grep -a -q kube_apiserver_sim "$bin"; then
     fail "$bin holds code of kube_apiserver_sim"
 fi
-if "$bin" --help | grep -qE '^  demo( |$)'; then
+help=$("$bin" --help)
+if grep -qE '^  demo( |$)' <<<"$help"; then
     fail "$bin has the demo subcommand"
 fi
 version=$("$bin" --version) || fail "$bin does not run"
