@@ -820,6 +820,35 @@ mod tests {
     }
 
     #[test]
+    fn keys_in_any_order_encode_alike() {
+        // Go writes keys in declaration order; anything else decodes to the
+        // same struct, so encodes to the same bytes (fields in number
+        // order), embedded structs' keys included.
+        let volume = "k8s.io.api.core.v1.Volume";
+        assert_eq!(
+            enc(
+                r#"{"name":"v","configMap":{"name":"c","optional":true}}"#,
+                volume
+            ),
+            enc(
+                r#"{"configMap":{"optional":true,"name":"c"},"name":"v"}"#,
+                volume
+            ),
+        );
+        let meta = "k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta";
+        assert_eq!(
+            enc(
+                r#"{"name":"a","namespace":"n","uid":"u","resourceVersion":"5","labels":{"x":"1"}}"#,
+                meta
+            ),
+            enc(
+                r#"{"labels":{"x":"1"},"resourceVersion":"5","uid":"u","name":"b","namespace":"n","name":"a"}"#,
+                meta
+            ),
+        );
+    }
+
+    #[test]
     fn long_bodies_get_wide_lengths() {
         let long = "x".repeat(300);
         let out = enc(
