@@ -302,13 +302,15 @@ impl RunningProxy {
                     format!("127.0.0.1:{admin_port}"),
                 ];
                 println!("proxy: {} {}", bin.display(), args.join(" "));
-                let child = Command::new(bin)
+                let mut command = Command::new(bin);
+                command
                     .args(&args)
                     .env("RUST_LOG", "warn")
                     .stdin(Stdio::null())
                     .stdout(log.try_clone()?)
-                    .stderr(log)
-                    .spawn()
+                    .stderr(log);
+                // Killed with this tool, however it ends (Ctrl-C included).
+                let child = kube_testenv::process::spawn_tied(command)
                     .with_context(|| format!("starting {}", bin.display()))?;
                 println!(
                     "proxy: pid {}, log {}",

@@ -40,6 +40,39 @@ fn spawner() -> io::Result<&'static Mutex<mpsc::Sender<Job>>> {
     Ok(SPAWNER.get_or_init(|| Mutex::new(tx)))
 }
 
+/// Spawns `command` so that the kernel kills it (`SIGKILL`) when this
+/// process ends, however it ends: a test binary's failed test, or a load
+/// tool stopped with Ctrl-C, leaves nothing running.
+///
+/// # Errors
+/// When it cannot be started.
+pub fn spawn_tied(mut command: Command) -> io::Result<Child> {
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes two system calls (prctl, getppid), both async-signal-safe;
+    // it allocates nothing and takes no lock.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+            // The parent may have died before the signal was armed.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(io::Error::other("the parent process is gone"));
+            }
+            Ok(())
+        });
+    }
+    let (reply, result) = mpsc::channel();
+    spawner()?
+        .lock()
+        .map_err(|_| io::Error::other("spawner lock poisoned"))?
+        .send((command, reply))
+        .map_err(|_| io::Error::other("spawner thread is gone"))?;
+    result
+        .recv()
+        .map_err(|_| io::Error::other("spawner thread is gone"))?
+}
+
 /// A running child process, with its output in a log file. Dropping it
 /// kills it.
 #[derive(Debug)]
@@ -65,30 +98,7 @@ impl Process {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
-        let parent = rustix::process::getpid();
-        // SAFETY: the closure runs in the forked child before exec and only
-        // makes two system calls (prctl, getppid), both async-signal-safe;
-        // it allocates nothing and takes no lock.
-        #[allow(unsafe_code)]
-        unsafe {
-            command.pre_exec(move || {
-                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-                // The parent may have died before the signal was armed.
-                if rustix::process::getppid() != Some(parent) {
-                    return Err(io::Error::other("the test binary is gone"));
-                }
-                Ok(())
-            });
-        }
-        let (reply, result) = mpsc::channel();
-        spawner()?
-            .lock()
-            .map_err(|_| io::Error::other("spawner lock poisoned"))?
-            .send((command, reply))
-            .map_err(|_| io::Error::other("spawner thread is gone"))?;
-        let child = result
-            .recv()
-            .map_err(|_| io::Error::other("spawner thread is gone"))??;
+        let child = spawn_tied(command)?;
         Ok(Process {
             name: name.to_string(),
             child: Mutex::new(child),

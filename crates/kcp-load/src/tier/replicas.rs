@@ -132,13 +132,15 @@ impl TierReplica {
         };
         let (listen, admin) = (addr(&config.listen)?, addr(&config.admin_listen)?);
         let log = std::fs::File::create(dir.join("proxy.log"))?;
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .args(["--config".as_ref(), path.as_os_str()])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+            .stderr(log);
+        // Killed with this tool, however it ends (Ctrl-C included).
+        let child = kube_testenv::process::spawn_tied(command)
             .with_context(|| format!("starting {}", bin.display()))?;
         println!(
             "{what}: pid {}, https://{listen}, log {}",
