@@ -129,31 +129,54 @@ const MAX_ROLLING: usize = 4;
 /// (15 s by default) before answering `429`, and the read it proves would
 /// wait in the same queue if passed through, at the cost of a relist. So
 /// the probe waits long enough to ride out a loaded apiserver, and what
-/// still gets no answer is answered [`PROBE_BUSY`] (`serve.rs`
-/// `consistent`).
+/// still gets no answer is busy ([`ProbeError::Unanswered`]).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The start of a probe's error when upstream shed it (`429`) or did not
-/// answer within [`PROBE_TIMEOUT`]: the read it was for is answered with
-/// an error to retry (`503` or `429`, `Retry-After: 1`), never passed
-/// through, since a pass-through would cost an overloaded apiserver a
-/// whole list where the probe cost it one object (seen in a mass restart
-/// of 50 hollow nodes: docs/performance.md, section (k)).
-pub const PROBE_BUSY: &str = "upstream busy: ";
+/// Why a consistency probe gave no resourceVersion to wait for.
+///
+/// When upstream shed it or did not answer ([`ProbeError::is_busy`]), the
+/// read it was for is answered with an error to retry (`429` or `503`,
+/// `Retry-After: 1`), never passed through, since a pass-through would
+/// cost an overloaded apiserver a whole list where the probe cost it one
+/// object (seen in a mass restart of 50 hollow nodes: docs/performance.md,
+/// section (k)). Any other failure passes the read through.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// Upstream shed it: `429`, API Priority and Fairness's answer when a
+    /// request waited out its queue.
+    #[error("upstream busy: {0}")]
+    Shed(String),
+    /// No answer within [`PROBE_TIMEOUT`].
+    #[error("upstream busy: no answer in {PROBE_TIMEOUT:?}")]
+    Unanswered,
+    /// Upstream's current resourceVersion is below the cache's: its
+    /// history went back ([`super::resource::ResourceCache::rewound`]).
+    #[error("upstream's current resourceVersion is below the cache's: its history went back")]
+    Rewound,
+    /// Anything else: refused, an error status, an unreadable answer.
+    #[error("{0}")]
+    Failed(String),
+}
 
-/// A probe's outcome, with [`PROBE_BUSY`] marking a shed or unanswered
-/// one.
+impl ProbeError {
+    /// Whether upstream shed the probe or left it unanswered.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, ProbeError::Shed(_) | ProbeError::Unanswered)
+    }
+}
+
+/// A probe's outcome, at most [`PROBE_TIMEOUT`] away.
 async fn bounded_probe<T>(
     probe: impl Future<Output = Result<T, ReflectorError>>,
-) -> Result<T, String> {
+) -> Result<T, ProbeError> {
     match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
-        Err(_) => Err(format!("{PROBE_BUSY}no answer in {PROBE_TIMEOUT:?}")),
+        Err(_) => Err(ProbeError::Unanswered),
         Ok(Err(e @ ReflectorError::Status { status, .. }))
             if status == StatusCode::TOO_MANY_REQUESTS =>
         {
-            Err(format!("{PROBE_BUSY}{e}"))
+            Err(ProbeError::Shed(e.to_string()))
         }
-        Ok(r) => r.map_err(|e| e.to_string()),
+        Ok(r) => r.map_err(|e| ProbeError::Failed(e.to_string())),
     }
 }
 
@@ -465,7 +488,7 @@ impl Reflector {
                     .await;
                 match answer {
                     Ok(_) => return,
-                    Err(e) if e == super::resource::REWOUND => return,
+                    Err(ProbeError::Rewound) => return,
                     Err(_) => {}
                 }
                 tokio::select! {
@@ -853,7 +876,7 @@ pub fn probe_compaction(
             Err(e) => Err(e),
         }
     };
-    bounded_probe(probe).boxed()
+    async move { bounded_probe(probe).await.map_err(|e| e.to_string()) }.boxed()
 }
 
 /// Upstream's current resourceVersion: a `limit=1` list, which on
@@ -862,7 +885,7 @@ pub fn probe_compaction(
 pub fn probe_rv(
     upstream: Upstream,
     info: &ResourceInfo,
-) -> BoxFuture<'static, Result<u64, String>> {
+) -> BoxFuture<'static, Result<u64, ProbeError>> {
     let mut q = format!("{}?limit=1", info.collection_path());
     if !info.scope.is_empty() {
         q.push_str("&fieldSelector=");
@@ -888,8 +911,8 @@ pub fn probe_rv(
 mod tests {
     use super::*;
 
-    /// A probe upstream sheds (`429`) is marked busy (the read is then
-    /// answered, not passed through); any other failure is not. (One left
+    /// A probe upstream sheds (`429`) is busy (the read is then answered,
+    /// not passed through); any other failure is not. (One left
     /// unanswered: `tests/real_outage.rs`, a hung apiserver.)
     #[tokio::test]
     async fn shed_probes_are_busy() {
@@ -902,13 +925,16 @@ mod tests {
         let shed = bounded_probe(status(StatusCode::TOO_MANY_REQUESTS))
             .await
             .unwrap_err();
-        assert!(shed.starts_with(PROBE_BUSY), "{shed}");
-        assert!(shed.contains("429"), "{shed}");
+        assert!(shed.is_busy(), "{shed}");
+        assert!(
+            matches!(&shed, ProbeError::Shed(why) if why.contains("429")),
+            "{shed}"
+        );
         for failed in [
             bounded_probe(status(StatusCode::INTERNAL_SERVER_ERROR)).await,
             bounded_probe(async { Err(ReflectorError::Upstream("refused".into())) }).await,
         ] {
-            assert!(!failed.unwrap_err().starts_with(PROBE_BUSY));
+            assert!(!failed.unwrap_err().is_busy());
         }
         assert_eq!(bounded_probe(async { Ok(7) }).await, Ok(7));
     }

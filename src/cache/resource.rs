@@ -24,6 +24,7 @@ use super::event::EventType;
 use super::metrics::ResourceMetrics;
 use super::negotiate::Representation;
 use super::object::CachedObject;
+use super::reflector::ProbeError;
 use super::store::{Objects, Outcome, Settings, State};
 
 /// What the cache knows about its resource.
@@ -94,17 +95,12 @@ pub struct ReadSettings {
     pub ready_wait: Duration,
 }
 
-type Probe = Shared<BoxFuture<'static, Result<u64, String>>>;
+type Probe = Shared<BoxFuture<'static, Result<u64, ProbeError>>>;
 
 /// How long consistent lists pass straight through, unprobed, after a
 /// probe found the cache behind upstream: at most one probe per resource
 /// per interval then.
 pub const REPROBE_BEHIND: Duration = Duration::from_secs(1);
-
-/// [`ResourceCache::upstream_rv`]'s error when upstream's current
-/// resourceVersion is below the cache's ([`ResourceCache::rewound`]).
-pub const REWOUND: &str =
-    "upstream's current resourceVersion is below the cache's: its history went back";
 
 /// A resource's cache.
 pub struct ResourceCache {
@@ -639,12 +635,13 @@ impl ResourceCache {
     /// ends; 200 concurrent consistent lists cost at most two probes.
     ///
     /// # Errors
-    /// The probe's failure, as text.
+    /// The probe's failure; [`ProbeError::Rewound`] when upstream's
+    /// resourceVersion is below the cache's ([`ResourceCache::rewound`]).
     pub async fn upstream_rv(
         &self,
         arrived: Instant,
-        start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, String>>,
-    ) -> Result<u64, String> {
+        start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, ProbeError>>,
+    ) -> Result<u64, ProbeError> {
         // Counted once per upstream probe, not per request sharing it.
         let metrics = self.metrics.clone();
         let probe = self.probe.lock().join(arrived, move || {
@@ -653,7 +650,7 @@ impl ResourceCache {
                 let result = probe.await;
                 metrics.probe(match &result {
                     Ok(_) => "ok",
-                    Err(e) if e.starts_with(super::reflector::PROBE_BUSY) => "busy",
+                    Err(e) if e.is_busy() => "busy",
                     Err(_) => "error",
                 });
                 result
@@ -662,7 +659,7 @@ impl ResourceCache {
         });
         let target = probe.await?;
         if self.rewound(target) {
-            return Err(REWOUND.to_string());
+            return Err(ProbeError::Rewound);
         }
         Ok(target)
     }
@@ -732,7 +729,7 @@ impl ProbeSlot {
     fn join(
         &mut self,
         arrived: Instant,
-        start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, String>>,
+        start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, ProbeError>>,
     ) -> Probe {
         let now = Instant::now();
         // The queued probe starts once the current one is done.

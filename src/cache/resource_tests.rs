@@ -71,7 +71,7 @@ async fn probes_are_shared_only_when_they_started_after_arrival() {
     let c = test_cache();
     let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let start = |calls: Arc<std::sync::atomic::AtomicU32>| {
-        move || -> BoxFuture<'static, Result<u64, String>> {
+        move || -> BoxFuture<'static, Result<u64, ProbeError>> {
             calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -104,7 +104,7 @@ async fn one_probe_in_flight_and_one_queued() {
     let c = Arc::new(test_cache_in(&registry));
     let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let start = |calls: Arc<std::sync::atomic::AtomicU32>| {
-        move || -> BoxFuture<'static, Result<u64, String>> {
+        move || -> BoxFuture<'static, Result<u64, ProbeError>> {
             async move {
                 let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(50)).await;

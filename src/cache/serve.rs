@@ -65,7 +65,7 @@ use super::filter::Filter;
 use super::list;
 use super::negotiate::{Encoding, ErrorEncoding, Negotiated, Verb, negotiate};
 use super::query::{self, ListOptions, Match, QueryError};
-use super::reflector::{self, probe_compaction, probe_rv};
+use super::reflector::{self, ProbeError, probe_compaction, probe_rv};
 use super::resource::ResourceCache;
 use super::store::Start;
 use super::watcher::{self, WatchParams};
@@ -228,7 +228,7 @@ async fn current(cache: &ResourceCache) -> Result<(), Answer> {
 /// Proves the cache holds upstream's current state (it has reached the RV
 /// a probe started after the request arrived found upstream at), waiting
 /// at most `wait` for it; or declines. A probe upstream shed or left
-/// unanswered ([`reflector::PROBE_BUSY`]) is answered with an error to
+/// unanswered ([`ProbeError::is_busy`]) is answered with an error to
 /// retry, as the apiserver's own overload answers: `429` (what upstream
 /// said) or `503`, each with `Retry-After: 1` (client-go's reflectors
 /// retry a `429` watch without falling back to a list).
@@ -247,8 +247,8 @@ async fn consistent(
     let target = cache
         .upstream_rv(arrived, move || probe_rv(upstream, &info))
         .await
-        .map_err(|e| match e.strip_prefix(reflector::PROBE_BUSY) {
-            Some(why) => status(busy(why), neg),
+        .map_err(|e| match busy(&e) {
+            Some(answer) => status(answer, neg),
             None => Answer::PassThrough(PROBE_FAILED),
         })?;
     let fresh = if wait.is_zero() {
@@ -266,24 +266,30 @@ async fn consistent(
 }
 
 /// The answer to a read whose consistency probe upstream shed (`429`,
-/// API Priority and Fairness's own words) or did not answer.
-fn busy(why: &str) -> Status {
+/// API Priority and Fairness's own words) or did not answer; `None` for
+/// any other failure.
+fn busy(error: &ProbeError) -> Option<Status> {
     let retry = apimachinery::status::Details {
         retry_after_seconds: Some(1),
         ..Default::default()
     };
-    if why.contains("429") {
-        Status::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "TooManyRequests",
-            "Too many requests, please try again later.",
-        )
-        .with_details(retry)
-    } else {
-        Status::service_unavailable(format!(
-            "the apiserver did not answer a consistency check: {why}"
-        ))
-        .with_details(retry)
+    match error {
+        ProbeError::Shed(_) => Some(
+            Status::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            )
+            .with_details(retry),
+        ),
+        ProbeError::Unanswered => Some(
+            Status::service_unavailable(format!(
+                "the apiserver did not answer a consistency check in {:?}",
+                reflector::PROBE_TIMEOUT
+            ))
+            .with_details(retry),
+        ),
+        ProbeError::Rewound | ProbeError::Failed(_) => None,
     }
 }
 
@@ -765,11 +771,16 @@ mod busy_tests {
     /// `Retry-After: 1`.
     #[test]
     fn busy_probes_answer_429_or_503_with_retry_after() {
-        let shed = busy("upstream answered 429 Too Many Requests: m").into_response();
+        let shed = busy(&ProbeError::Shed("429 Too Many Requests: m".into()))
+            .unwrap()
+            .into_response();
         assert_eq!(shed.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(shed.headers()["retry-after"], "1");
-        let hung = busy("no answer in 10s");
+        let hung = busy(&ProbeError::Unanswered).unwrap();
         assert_eq!(hung.status_code(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(hung.into_response().headers()["retry-after"], "1");
+        // Anything else passes the read through.
+        assert!(busy(&ProbeError::Failed("refused".into())).is_none());
+        assert!(busy(&ProbeError::Rewound).is_none());
     }
 }
