@@ -682,11 +682,10 @@ fn slo(verb: &str, scope: &str) -> f64 {
     }
 }
 
-/// p99 of `apiserver_request_duration_seconds` over the run, by verb and
-/// scope (long-running verbs left out), as the smallest bucket bound
-/// holding 99 % of the requests.
-/// p99 by (verb, scope) of the requests between each pair of snapshots
-/// (before, after), taken together.
+/// p99 of `apiserver_request_duration_seconds` by verb and scope
+/// (long-running verbs left out), as the smallest bucket bound holding
+/// 99 % of the requests made between each pair of snapshots (before,
+/// after), the pairs taken together.
 fn latency_p99(intervals: &[(&[Sample], &[Sample])]) -> BTreeMap<(String, String), (f64, f64)> {
     let name = "apiserver_request_duration_seconds_bucket";
     let mut buckets: BTreeMap<(String, String), BTreeMap<u64, f64>> = BTreeMap::new();

@@ -161,24 +161,29 @@ impl TierReplica {
     }
 
     async fn admin_get(&self, path: &str) -> Result<String> {
-        let mut s = tokio::net::TcpStream::connect(self.admin).await?;
-        s.write_all(
+        self.admin_exchange(
             format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
         )
-        .await?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await?;
-        Ok(out)
+        .await
     }
 
     /// Its `/metrics` (asked in HTTP/1.0, so the body is not chunked).
     pub async fn metrics(&self) -> Result<Vec<crate::metrics::Sample>> {
-        let mut s = tokio::net::TcpStream::connect(self.admin).await?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await?;
+        let out = self
+            .admin_exchange(b"GET /metrics HTTP/1.0\r\n\r\n")
+            .await?;
         let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         Ok(crate::metrics::parse(body))
+    }
+
+    /// Writes `request` to its admin listener and reads the answer until
+    /// the connection closes.
+    async fn admin_exchange(&self, request: &[u8]) -> Result<String> {
+        let mut s = tokio::net::TcpStream::connect(self.admin).await?;
+        s.write_all(request).await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
     }
 
     pub async fn ready(&self, timeout: Duration) -> Result<()> {
