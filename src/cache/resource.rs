@@ -95,7 +95,15 @@ pub struct ReadSettings {
     pub ready_wait: Duration,
 }
 
-type Probe = Shared<BoxFuture<'static, Result<u64, ProbeError>>>;
+/// A probe's answer: upstream's resourceVersion, and the cache's just
+/// before the probe's request was sent.
+type Probe = Shared<BoxFuture<'static, Result<Probed, ProbeError>>>;
+
+#[derive(Debug, Clone, Copy)]
+struct Probed {
+    upstream_rv: u64,
+    cache_rv_at_send: u64,
+}
 
 /// How long consistent lists pass straight through, unprobed, after a
 /// probe found the cache behind upstream: at most one probe per resource
@@ -600,13 +608,15 @@ impl ResourceCache {
     }
 
     /// Whether `upstream_rv`, upstream's current resourceVersion from a
-    /// consistent read, is below the cache's: upstream's history went
-    /// back (etcd restored from a backup without `--bump-revision`; a
-    /// consistent read's resourceVersion is at least every revision etcd
-    /// ever gave, unless its history was replaced). The reflector is then
-    /// asked to relist.
-    pub fn rewound(&self, upstream_rv: u64) -> bool {
-        let rv = self.rv();
+    /// consistent read, is below `cache_rv`, the cache's resourceVersion
+    /// before that read was sent: upstream's history went back (etcd
+    /// restored from a backup without `--bump-revision`; a consistent
+    /// read's resourceVersion is at least every revision etcd gave before
+    /// it was sent, unless its history was replaced). The reflector is
+    /// then asked to relist. (Not the cache's RV when the answer arrives:
+    /// the watch may have carried it past the read's revision meanwhile.)
+    pub fn rewound(&self, upstream_rv: u64, cache_rv: u64) -> bool {
+        let rv = cache_rv;
         if !self.is_synced() || upstream_rv >= rv {
             return false;
         }
@@ -636,7 +646,8 @@ impl ResourceCache {
     ///
     /// # Errors
     /// The probe's failure; [`ProbeError::Rewound`] when upstream's
-    /// resourceVersion is below the cache's ([`ResourceCache::rewound`]).
+    /// resourceVersion is below the cache's as it was when the probe was
+    /// sent ([`ResourceCache::rewound`]).
     pub async fn upstream_rv(
         &self,
         arrived: Instant,
@@ -644,24 +655,31 @@ impl ResourceCache {
     ) -> Result<u64, ProbeError> {
         // Counted once per upstream probe, not per request sharing it.
         let metrics = self.metrics.clone();
+        let cache_rv = self.rv.subscribe();
         let probe = self.probe.lock().join(arrived, move || {
             let probe = start_probe();
             async move {
+                // Read before the request is sent: `start_probe`'s future
+                // sends it when first polled.
+                let cache_rv_at_send = *cache_rv.borrow();
                 let result = probe.await;
                 metrics.probe(match &result {
                     Ok(_) => "ok",
                     Err(e) if e.is_busy() => "busy",
                     Err(_) => "error",
                 });
-                result
+                result.map(|upstream_rv| Probed {
+                    upstream_rv,
+                    cache_rv_at_send,
+                })
             }
             .boxed()
         });
-        let target = probe.await?;
-        if self.rewound(target) {
+        let probed = probe.await?;
+        if self.rewound(probed.upstream_rv, probed.cache_rv_at_send) {
             return Err(ProbeError::Rewound);
         }
-        Ok(target)
+        Ok(probed.upstream_rv)
     }
 }
 
@@ -729,7 +747,7 @@ impl ProbeSlot {
     fn join(
         &mut self,
         arrived: Instant,
-        start_probe: impl FnOnce() -> BoxFuture<'static, Result<u64, ProbeError>>,
+        start_probe: impl FnOnce() -> BoxFuture<'static, Result<Probed, ProbeError>>,
     ) -> Probe {
         let now = Instant::now();
         // The queued probe starts once the current one is done.

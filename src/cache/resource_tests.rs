@@ -146,6 +146,31 @@ async fn one_probe_in_flight_and_one_queued() {
 }
 
 #[tokio::test]
+async fn a_probe_overtaken_by_the_watch_is_not_a_rewind() {
+    let c = Arc::new(test_cache());
+    c.replace(Vec::new(), 197);
+    // Upstream answers 197, but by the time the answer arrives the watch
+    // has carried the cache to 200: not upstream's history going back.
+    let overtaken = {
+        let c = c.clone();
+        move || -> BoxFuture<'static, Result<u64, ProbeError>> {
+            async move {
+                c.progress(200);
+                Ok(197)
+            }
+            .boxed()
+        }
+    };
+    assert_eq!(c.upstream_rv(Instant::now(), overtaken).await, Ok(197));
+    // Upstream below what the cache had before asking: gone back.
+    let behind = || -> BoxFuture<'static, Result<u64, ProbeError>> { async { Ok(150) }.boxed() };
+    assert_eq!(
+        c.upstream_rv(Instant::now(), behind).await,
+        Err(ProbeError::Rewound)
+    );
+}
+
+#[tokio::test]
 async fn reads_wait_while_a_resumed_cache_catches_up() {
     let c = Arc::new(test_cache());
     c.replace(Vec::new(), 10);
