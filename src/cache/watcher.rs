@@ -533,7 +533,7 @@ mod tests {
     /// A watcher whose buffer filled up again after it last drained it,
     /// and that was then marked lagging, sends what the buffer holds before
     /// the history's frames: in order, nothing lost or repeated. (Found as
-    /// a rare out-of-order stream in `tests/cache_property.rs` on a loaded
+    /// a rare out-of-order stream in `tests/sim/cache_property.rs` on a loaded
     /// machine.)
     #[tokio::test]
     async fn catch_up_sends_the_buffer_before_the_history() {

@@ -3,7 +3,7 @@
 //! configuration, and a real run with exactly the shipped configuration
 //! files (`config/` and `manifests/`), ending on SIGTERM.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

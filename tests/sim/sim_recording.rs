@@ -2,7 +2,7 @@
 //! Replays every case of the recording of a real kube-apiserver v1.36
 //! against the simulated apiserver directly; see `support/recording.rs`.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! (see `support/recording.rs`). Then checks that the cases a watch cache
 //! can answer were answered by the cache, and only those passed through.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

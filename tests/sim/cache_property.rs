@@ -6,7 +6,7 @@
 //! DELETED with the previous object at the event's RV), in order, with
 //! nothing lost or duplicated.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;

@@ -3,7 +3,7 @@
 //! reads and read-your-writes, resourceVersion rules, scopes, readiness,
 //! bookmarks, slow watchers, and the upstream load it saves.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 
 use std::process::Stdio;
 
-mod support;
+use crate::support;
 use std::time::Duration;
 use support::kubectl::{Kubectl, kubectl_available};
 

@@ -7,7 +7,7 @@
 //! reaching the apiserver. (`tests/real_paths.rs` compares each case with
 //! a real kube-apiserver.)
 
-mod support;
+use crate::support;
 
 use apimachinery::resource::Gvr;
 use kube_apiserver_sim::SimConfig;

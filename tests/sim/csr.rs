@@ -5,7 +5,7 @@
 //! test playing the approver and the `kubernetes.io/kubelet-serving` signer
 //! (kube-controller-manager), whose CA is the "cluster CA" clients trust.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! back it returns, moving its cache's watches and its clients'
 //! passed-through watches back to the tier.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! connections from one local process cannot lock kubelet out, and one
 //! client's requests cannot take every request slot.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

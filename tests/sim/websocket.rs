@@ -8,7 +8,7 @@
 //! (`tests/real_websocket.rs` compares all of it with a real
 //! kube-apiserver.)
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! snapshot instead of listing, and a snapshot that is corrupt, truncated
 //! or from another cluster is discarded, never served.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 

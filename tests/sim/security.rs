@@ -4,7 +4,7 @@
 //! The simulated apiserver enforces a policy mirroring the Node authorizer
 //! and RBAC.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

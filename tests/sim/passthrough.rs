@@ -3,7 +3,7 @@
 //! simulated apiserver: reads, writes, watches, upgrades, large bodies,
 //! errors, identities, admin endpoints and shutdown.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

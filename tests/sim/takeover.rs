@@ -15,7 +15,7 @@
 //! change exactly once, in order, with no 410; and nothing is listed
 //! upstream again.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

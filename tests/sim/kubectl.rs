@@ -3,7 +3,7 @@
 //! and `get --raw` (served from the cache), and `get -w`. Skipped when
 //! kubectl is not installed.
 
-mod support;
+use crate::support;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! history and compaction, bookmarks, timeouts, injected faults, tables,
 //! upgrades, reviews, impersonation, pagination details and counters.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! downstream watchers as ordinary events — they never see a `410` and end
 //! in the right state.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
