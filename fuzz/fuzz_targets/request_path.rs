@@ -3,7 +3,7 @@
 //! `URL.Query()` splits them, checked against:
 //!
 //! - the answers recorded from a real kube-apiserver v1.36.2
-//!   (`tests/real_paths.rs`): which request each path is, whether Go's
+//!   (`tests/real/paths.rs`): which request each path is, whether Go's
 //!   server refuses it (a malformed escape), whether the apiserver routes
 //!   it to the handler of those fields;
 //! - a reference decoder (`percent-encoding`): same bytes, and a path is

@@ -1,4 +1,4 @@
-"""A client of the matrix (tests/real_clients.rs): the Python `kubernetes`
+"""A client of the matrix (tests/real/clients.rs): the Python `kubernetes`
 client lists a namespace's ConfigMaps (or Pods), then follows them with
 `watch.Watch().stream` from the list's resourceVersion, as its docs show.
 

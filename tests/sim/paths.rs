@@ -4,7 +4,7 @@
 //! apiserver's request-info resolver decodes them before the cache looks
 //! anything up or anyone is authorized, what passes through keeps the
 //! client's raw path, and a malformed escape gets Go's `400` without
-//! reaching the apiserver. (`tests/real_paths.rs` compares each case with
+//! reaching the apiserver. (`tests/real/paths.rs` compares each case with
 //! a real kube-apiserver.)
 
 use crate::support;

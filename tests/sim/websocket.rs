@@ -5,7 +5,7 @@
 //! (its timeout, or the proxy stopping), authorization as for any cached
 //! watch, and a bearer token carried in a subprotocol. Nothing of it
 //! reaches the apiserver but the token and access reviews.
-//! (`tests/real_websocket.rs` compares all of it with a real
+//! (`tests/real/websocket.rs` compares all of it with a real
 //! kube-apiserver.)
 
 use crate::support;

@@ -398,7 +398,7 @@ impl Replay<'_> {
         }
         if name == "list-configmaps-accept-protobuf-or-json" {
             // Protobuf, as recorded: a ConfigMapList of the three objects
-            // (tests/real_protobuf.rs compares the bytes with a real
+            // (tests/real/protobuf.rs compares the bytes with a real
             // apiserver's).
             use apimachinery::protobuf::{fields, find_field};
             assert!(resp.body.starts_with(b"k8s\0"), "{name}");

@@ -9,7 +9,7 @@
 //! Skipped, with one line, where no control plane is available.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use apimachinery::resource::Gvr;
 use kube_apiserver_sim::{Sim, SimConfig};

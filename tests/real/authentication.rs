@@ -7,7 +7,7 @@
 //! Skipped, with one line, where no control plane is available.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -366,7 +366,7 @@ async fn metrics_beyond_loopback_need_authentication_and_authorization() {
     // The identity monitoring/podmonitor.yaml scrapes with
     // (monitoring/scraper.yaml; a TokenRequest stands in for the Secret
     // the token controller would fill): /metrics, and nothing else.
-    for doc in include_str!("../manifests/monitoring/scraper.yaml").split("\n---\n") {
+    for doc in include_str!("../../manifests/monitoring/scraper.yaml").split("\n---\n") {
         let obj: serde_json::Value = serde_saphyr::from_str(doc).unwrap();
         let path = match obj["kind"].as_str().unwrap() {
             "ServiceAccount" => "/api/v1/namespaces/kube-system/serviceaccounts",

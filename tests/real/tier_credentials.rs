@@ -25,7 +25,7 @@
 //! ("no relationship found between node").
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;
@@ -162,15 +162,15 @@ async fn a_tier_acts_as_its_nodes_with_any_credential_that_may_impersonate_them(
     );
     apply(
         &admin,
-        include_str!("../manifests/tier/serviceaccount.yaml"),
+        include_str!("../../manifests/tier/serviceaccount.yaml"),
     )
     .await;
-    apply(&admin, include_str!("../manifests/tier/rbac.yaml")).await;
+    apply(&admin, include_str!("../../manifests/tier/rbac.yaml")).await;
     if !cp.has_constrained_impersonation() {
         // Before 1.36 the shipped account needs legacy impersonation.
         apply(
             &admin,
-            include_str!("../manifests/tier/rbac-legacy-impersonation.yaml"),
+            include_str!("../../manifests/tier/rbac-legacy-impersonation.yaml"),
         )
         .await;
     }
@@ -374,7 +374,7 @@ async fn a_tier_learns_again_when_its_node_requests_are_refused() {
         Auth::Cert(cp.admin().clone()),
         false,
     );
-    apply(&admin, include_str!("../manifests/tier/rbac.yaml")).await;
+    apply(&admin, include_str!("../../manifests/tier/rbac.yaml")).await;
     apply(&admin, TEST_RBAC).await;
     apply(&admin, SWITCHING_RBAC).await;
     let token = service_account_token(&admin, "kube-system", "kcp-test-switching-tier").await;
