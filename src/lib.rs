@@ -34,8 +34,6 @@ use crate::component::ready::Readiness;
 use crate::server::handler::Handler;
 use crate::server::serve::ServeOptions;
 use crate::server::tls::ServerTls;
-use crate::upstream::Upstream;
-use crate::upstream::identity::Identity;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +123,26 @@ impl Listeners {
             predecessor: None,
             socket_activated: false,
         })
+    }
+
+    /// Copies of the listening sockets, to hand to a successor, when
+    /// `takeover.socketPath` is set.
+    ///
+    /// # Errors
+    /// [`RunError::Takeover`] when a socket cannot be copied.
+    fn offer(&self, config: &Config) -> Result<Option<server::takeover::Offer>, RunError> {
+        if config.takeover.socket_path.is_none() {
+            return Ok(None);
+        }
+        let mut offer = server::takeover::Offer::default();
+        offer.add("api", &self.api).map_err(RunError::Takeover)?;
+        offer
+            .add("admin", &self.admin)
+            .map_err(RunError::Takeover)?;
+        if let Some(l) = &self.metrics {
+            offer.add("metrics", l).map_err(RunError::Takeover)?;
+        }
+        Ok(Some(offer))
     }
 
     /// The names of the listeners `config` asks for, in handover order.
@@ -264,6 +282,13 @@ const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 /// accepting, reports not-ready, and drains open connections within
 /// `shutdownGracePeriodSeconds`.
 ///
+/// The stages follow a request's path (docs/architecture.md): the
+/// process's metrics and readiness; the server's TLS; the upstream side
+/// and the checks of the proxy's identity there; the caches; the admin
+/// endpoints; authentication, authorization and the handler; then, after
+/// taking over from a predecessor if there is one, serving until stopped
+/// or succeeded.
+///
 /// # Errors
 /// [`RunError`] when TLS material, the upstream configuration or metrics
 /// cannot be set up. Once serving, it returns after shutdown, or with
@@ -271,17 +296,124 @@ const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 /// to let a node-bound token act as its node
 /// ([`upstream::identity::confirm_node_access`]).
 pub async fn run(
-    listeners: Listeners,
+    mut listeners: Listeners,
     config: Config,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
+    // Every metric family is registered before the admin port serves a
+    // scrape.
     let metrics = Metrics::new(prometheus::Registry::new())?;
-    // Every family is registered before the admin port serves a scrape.
     let cache_metrics = cache::metrics::CacheMetrics::new(metrics.registry())?;
     let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let readiness = Readiness::default();
-    // With tls.csr, the certificate is the one the proxy obtains itself.
-    let csr = upstream::csr::CsrManager::new(&config)?;
+    let token = CancellationToken::new();
+
+    let (tls, csr) = serving_tls(&config)?;
+    tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
+
+    let connected = upstream::connect(&config.upstream, &config.node_name).await?;
+    let upstream::IdentityChecks {
+        mut refused,
+        node_impersonation,
+    } = connected.spawn_identity_checks(&readiness, &token);
+    let server_info = connected
+        .start_background(&metrics, TLS_RELOAD_INTERVAL, &token)
+        .await;
+    let upstream::Connected {
+        upstream,
+        kube_config,
+        identity,
+        ..
+    } = connected;
+    if let Some(csr) = csr {
+        csr.spawn(&upstream, Arc::new(tls.clone()), &readiness, &token);
+    }
+
+    let (caches, persister) = cache::Caches::start(
+        &config,
+        &identity,
+        &cache_metrics,
+        &upstream,
+        &kube_config,
+        &readiness,
+        &token,
+    )?;
+    let admin = Admin {
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
+        tls: Some(tls.clone()),
+        caches: Some(caches.iter().cloned().collect()),
+        upstream: Some(upstream.clone()),
+    };
+
+    let auth = |metrics| {
+        auth::Auth::new(
+            &upstream,
+            &config.authentication,
+            &config.authorization,
+            metrics,
+        )
+    };
+    // Before the metrics listener is taken: a successor gets it too.
+    let offer = listeners.offer(&config)?;
+    let metrics_server = listeners.metrics.take().map(|listener| {
+        let server = admin::metrics_listener::MetricsListener {
+            admin: admin.metrics_only(),
+            tls: tls.clone(),
+            auth: auth(auth_metrics.clone()),
+        };
+        (server, listener)
+    });
+    let auth = auth(auth_metrics).with_server_info(server_info);
+    let handler = Handler::new(
+        upstream,
+        identity,
+        metrics.clone(),
+        caches,
+        auth,
+        token.clone(),
+    )
+    .with_node_impersonation(node_impersonation);
+
+    let ready_timeout = Duration::from_secs(config.takeover.ready_timeout_seconds);
+    let mut shutdown = std::pin::pin!(shutdown);
+    if let Some(predecessor) = listeners.predecessor.take() {
+        let taken = take_over(
+            predecessor,
+            &readiness,
+            ready_timeout,
+            &mut shutdown,
+            &mut refused,
+        )
+        .await;
+        if !matches!(taken, Ok(true)) {
+            token.cancel();
+            return taken.map(|_| ());
+        }
+    }
+
+    App {
+        listeners,
+        metrics_server,
+        offer,
+        admin,
+        handler: Arc::new(handler),
+        tls,
+        metrics,
+        persister,
+        readiness,
+        token,
+    }
+    .serve(&config, shutdown, refused)
+    .await
+}
+
+/// The serving certificate: the one the proxy obtains itself through the
+/// CSR API with `tls.csr` (and the manager that renews it), or the files.
+fn serving_tls(
+    config: &Config,
+) -> Result<(ServerTls, Option<upstream::csr::CsrManager>), RunError> {
+    let csr = upstream::csr::CsrManager::new(config)?;
     let tls = match &csr {
         Some(csr) => ServerTls::with_initial(
             &config.tls,
@@ -291,401 +423,211 @@ pub async fn run(
         )?,
         None => ServerTls::load(&config.tls)?,
     };
-    let kube_config = upstream::load_kube_config(
-        config.upstream.kubeconfig.as_deref(),
-        config.upstream.context.clone(),
-    )
-    .await?;
-    let identity = Identity::detect(&kube_config, config.upstream.identity, &config.node_name)
-        .map_err(upstream::UpstreamError::Config)?;
-    let connect_timeout = Duration::from_secs(config.upstream.connect_timeout_seconds);
-    let idle_timeout = Duration::from_secs(config.upstream.idle_timeout_seconds);
-    let balancing = &config.upstream.client_side_balancing;
-    let mut upstream = if balancing.enabled {
-        Upstream::balanced(
-            &kube_config,
-            connect_timeout,
-            idle_timeout,
-            Duration::from_secs(balancing.max_lag_seconds),
-        )?
-    } else {
-        Upstream::new(&kube_config, connect_timeout, idle_timeout)?
-    };
-    if let Some(fallback) = &config.upstream.fallback {
-        let fallback_config =
-            upstream::load_kube_config(Some(&fallback.kubeconfig), fallback.context.clone())
-                .await?;
-        let same = Identity::detect(
-            &fallback_config,
-            config.upstream.identity,
-            &config.node_name,
-        )
-        .map_err(upstream::UpstreamError::Config)?;
-        if same != identity {
-            return Err(RunError::Upstream(upstream::UpstreamError::Config(
-                format!(
-                    "{}: upstream.fallback gives the proxy another identity ({same:?}) than \
-                 upstream.kubeconfig ({identity:?})",
-                    fallback.kubeconfig.display()
-                ),
-            )));
-        }
-        upstream = upstream.with_fallback(&fallback_config, connect_timeout, idle_timeout)?;
-    }
-    match identity.node() {
-        Some(node) => {
-            tracing::info!(upstream = %upstream.base(), %node, "upstream configured; acting as the node")
-        }
-        None => {
-            tracing::info!(upstream = %upstream.base(), "upstream configured; acting with the credential as given")
-        }
-    }
+    Ok((tls, csr))
+}
 
-    let token = CancellationToken::new();
-    let admin_token = CancellationToken::new();
-    // As a node by constrained impersonation: proven once, or the proxy
-    // stops (it would be refused everything, forever).
-    let (identity_refused, refused) = tokio::sync::oneshot::channel::<String>();
-    let mut identity_refused = Some(identity_refused);
-    // Fused: polled in two selects, it must not be polled after it ended.
-    let mut refused = futures_util::FutureExt::fuse(refused);
-    if let Identity::Node {
-        name,
-        credential: upstream::identity::NodeCredential::AssociatedServiceAccount,
-    } = &identity
-    {
-        const CHECK: &str = "upstream-identity";
-        readiness.register(
-            CHECK,
-            &format!("not yet confirmed that the apiserver lets the proxy act as node {name:?}"),
-        );
-        let (upstream, name, readiness, token, identity_refused) = (
-            upstream.clone(),
-            name.clone(),
-            readiness.clone(),
+/// Taking over from a running proxy: serves nothing until ready (the
+/// predecessor serves meanwhile), then tells it to drain. `Ok(false)`
+/// when stopped before that.
+async fn take_over(
+    predecessor: server::takeover::Predecessor,
+    readiness: &Readiness,
+    ready_timeout: Duration,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+    refused: &mut Refused,
+) -> Result<bool, RunError> {
+    let ready = tokio::select! {
+        _ = shutdown => {
+            tracing::info!("stopped before taking over; the running proxy carries on");
+            return Ok(false);
+        }
+        Ok(message) = refused => return Err(identity_refused(message)),
+        ready = wait_ready(readiness, ready_timeout) => ready,
+    };
+    if !ready {
+        let not_ready: Vec<String> = readiness
+            .report()
+            .into_iter()
+            .filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}")))
+            .collect();
+        return Err(RunError::Takeover(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "not ready within {ready_timeout:?} ({}); the running proxy carries on",
+                not_ready.join("; ")
+            ),
+        )));
+    }
+    predecessor.take_over().await.map_err(RunError::Takeover)?;
+    tracing::info!("took over from the running proxy");
+    Ok(true)
+}
+
+/// Resolves when the apiserver refuses the proxy's identity
+/// ([`upstream::IdentityChecks`]).
+type Refused = futures_util::future::Fuse<tokio::sync::oneshot::Receiver<String>>;
+
+/// The proxy stops: the apiserver will not let it act as its node(s).
+fn identity_refused(message: String) -> RunError {
+    RunError::Config(component::config::ConfigError::Invalid {
+        field: "upstream.identity".into(),
+        message,
+    })
+}
+
+/// Everything [`run`] built, ready to serve.
+struct App {
+    listeners: Listeners,
+    metrics_server: Option<(admin::metrics_listener::MetricsListener, TcpListener)>,
+    /// Copies of the listening sockets, for a successor.
+    offer: Option<server::takeover::Offer>,
+    admin: Admin,
+    handler: Arc<Handler>,
+    tls: ServerTls,
+    metrics: Metrics,
+    persister: Option<Arc<cache::persist::Persister>>,
+    readiness: Readiness,
+    /// Cancelled to stop serving, the reflectors and the background work.
+    token: CancellationToken,
+}
+
+impl App {
+    /// Serves until `shutdown` completes, a successor takes over, or the
+    /// apiserver refuses the proxy's identity (`refused`); then drains.
+    async fn serve(
+        self,
+        config: &Config,
+        mut shutdown: impl Future<Output = ()> + Unpin,
+        mut refused: Refused,
+    ) -> Result<(), RunError> {
+        let App {
+            listeners,
+            metrics_server,
+            offer,
+            admin,
+            handler,
+            tls,
+            metrics,
+            persister,
+            readiness,
+            token,
+        } = self;
+        let admin_token = CancellationToken::new();
+        let ready_timeout = Duration::from_secs(config.takeover.ready_timeout_seconds);
+        let persister_task = persister.clone().map(|p| {
+            let interval = Duration::from_secs(config.cache.persistence.interval_seconds);
+            tokio::spawn(p.run(interval, token.clone()))
+        });
+        let admin_task = tokio::spawn(admin.serve(listeners.admin, admin_token.clone()));
+        if let Some((server, listener)) = metrics_server {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving metrics (HTTPS, authenticated)");
+            }
+            tokio::spawn(server.serve(listener, admin_token.clone()));
+        }
+        let handed_over = Arc::new(AtomicBool::new(false));
+        let options = ServeOptions {
+            limits: server::conns::Limits {
+                max_connections: config.max_connections,
+                max_connections_per_client: config.max_connections_per_client,
+                max_requests_in_flight_per_client: config.max_requests_in_flight_per_client,
+            },
+            grace_period: Duration::from_secs(config.shutdown_grace_period_seconds),
+            handed_over: handed_over.clone(),
+        };
+        if let Ok(addr) = listeners.api.local_addr() {
+            tracing::info!(%addr, "serving");
+        }
+        let serving = tokio::spawn(server::serve::serve(
+            listeners.api,
+            tls,
+            handler,
+            metrics,
+            options,
             token.clone(),
-            identity_refused.take(),
-        );
-        tokio::spawn(async move {
-            match upstream::identity::confirm_node_access(&upstream, &name, &token).await {
-                Ok(()) => readiness.set(CHECK, Ok(())),
-                Err(message) => {
-                    readiness.set(CHECK, Err(message.clone()));
-                    if let Some(refused) = identity_refused {
-                        let _ = refused.send(message);
-                    }
+        ));
+
+        // Waiting for a successor, or the signal to stop.
+        let handover = RunHandover {
+            persister,
+            in_progress: AtomicBool::new(false),
+        };
+        let server = match (&config.takeover.socket_path, offer) {
+            (Some(path), Some(offer)) => match server::takeover::Server::bind(path) {
+                Ok(server) => Some((server, offer)),
+                Err(error) => {
+                    tracing::warn!(socket = %path.display(), %error, "cannot listen for a successor; takeover is off");
+                    None
                 }
+            },
+            _ => None,
+        };
+        let mut takeover = Box::pin(async {
+            match &server {
+                Some((server, offer)) => server.serve(offer, &handover, ready_timeout).await,
+                None => std::future::pending().await,
             }
         });
-    }
-    // A tier learns how it may act as its nodes, or stops: without either
-    // kind of node impersonation every node request would be refused.
-    // Not a readiness check: a tier restarted while the apiserver is down
-    // serves its caches meanwhile; until the answer, node requests go
-    // upstream by constrained impersonation. It learns again when node
-    // requests are refused.
-    let node_impersonation = Arc::new(upstream::identity::TierImpersonation::default());
-    if identity == Identity::Tier {
-        let (upstream, token, mode, identity_refused) = (
-            upstream.clone(),
-            token.clone(),
-            node_impersonation.clone(),
-            identity_refused.take(),
-        );
-        tokio::spawn(async move {
-            mode.run(&upstream, &token, |message| {
-                if let Some(refused) = identity_refused {
-                    let _ = refused.send(message);
-                }
-            })
-            .await;
-        });
-    }
-    tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
-    upstream.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
-    upstream.set_fallback_gauge(metrics.upstream_fallback_active.clone());
-    let server_info = Arc::new(upstream::ServerInfo::default());
-    {
-        let (server_info, upstream, gauge, token) = (
-            server_info.clone(),
-            upstream.clone(),
-            metrics.upstream_info.clone(),
-            token.clone(),
-        );
-        tokio::spawn(async move { server_info.run(upstream, gauge, token).await });
-    }
-    upstream.spawn_primary_recheck(token.clone());
-    if let Some(balancer) = upstream.balancer() {
-        balancer.set_metrics(upstream::BalancerMetrics {
-            apiservers: metrics.upstream_apiservers.clone(),
-            connections: metrics.upstream_apiserver_connections.clone(),
-        });
-    }
-    upstream.spawn_balancer(
-        Duration::from_secs(balancing.probe_interval_seconds),
-        token.clone(),
-    );
-    if let Some(balancer) = upstream.balancer() {
-        // The caches' lists and watches start on a balanced connection
-        // rather than on the configured address's, which would be retired.
-        balancer.wait_known(connect_timeout).await;
-    }
-    let mut admin = Admin {
-        metrics: metrics.clone(),
-        readiness: readiness.clone(),
-        tls: Some(tls.clone()),
-        caches: None,
-        upstream: Some(upstream.clone()),
-    };
-    if let Some(csr) = csr {
-        csr.spawn(&upstream, Arc::new(tls.clone()), &readiness, &token);
-    }
-
-    let mut cache_config = config.cache.clone();
-    identity
-        .scope_caches(&mut cache_config)
-        .map_err(|message| component::config::ConfigError::Invalid {
-            field: "cache.resources".into(),
-            message,
-        })?;
-    let caches = cache::Caches::new(&cache_config, &config.node_name, &identity, &cache_metrics)?;
-    admin.caches = Some(caches.iter().cloned().collect());
-    let snapshots = snapshots(&config.cache.persistence, &kube_config);
-    caches.spawn_reflectors(
-        &upstream,
-        &readiness,
-        snapshots.as_ref(),
-        &config.cache.consistency_check,
-        &token,
-    );
-    let persister = snapshots.map(|s| {
-        Arc::new(cache::persist::Persister::new(
-            s,
-            caches.iter().cloned().collect(),
-        ))
-    });
-    let Listeners {
-        api,
-        admin: admin_listener,
-        metrics: metrics_listener,
-        predecessor,
-        socket_activated,
-    } = listeners;
-    // Copies of the listening sockets, for a successor.
-    let offer = match &config.takeover.socket_path {
-        Some(_) => {
-            let mut offer = server::takeover::Offer::default();
-            offer.add("api", &api).map_err(RunError::Takeover)?;
-            offer
-                .add("admin", &admin_listener)
-                .map_err(RunError::Takeover)?;
-            if let Some(l) = &metrics_listener {
-                offer.add("metrics", l).map_err(RunError::Takeover)?;
-            }
-            Some(offer)
-        }
-        None => None,
-    };
-    let metrics_server = match metrics_listener {
-        Some(listener) => {
-            let metrics_listener = admin::metrics_listener::MetricsListener {
-                // Beyond the node: metrics and health only.
-                admin: Admin {
-                    metrics: metrics.clone(),
-                    readiness: readiness.clone(),
-                    tls: Some(tls.clone()),
-                    caches: None,
-                    upstream: None,
-                },
-                tls: tls.clone(),
-                auth: auth::Auth::new(
-                    &upstream,
-                    &config.authentication,
-                    &config.authorization,
-                    auth_metrics.clone(),
-                ),
-            };
-            Some((metrics_listener, listener))
-        }
-        None => None,
-    };
-    let auth = auth::Auth::new(
-        &upstream,
-        &config.authentication,
-        &config.authorization,
-        auth_metrics,
-    )
-    .with_server_info(server_info);
-    let handler = Arc::new(
-        Handler::new(
-            upstream,
-            identity,
-            metrics.clone(),
-            caches,
-            auth,
-            token.clone(),
-        )
-        .with_node_impersonation(node_impersonation),
-    );
-    let ready_timeout = Duration::from_secs(config.takeover.ready_timeout_seconds);
-    let mut shutdown = std::pin::pin!(shutdown);
-
-    // Taking over: serve nothing until ready (the predecessor serves
-    // meanwhile), then tell it to drain.
-    if let Some(predecessor) = predecessor {
-        let ready = tokio::select! {
+        let mut failure = None;
+        let (successor, stop_requested) = tokio::select! {
             _ = &mut shutdown => {
-                tracing::info!("stopped before taking over; the running proxy carries on");
-                token.cancel();
-                return Ok(());
+                // A successor in the middle of taking over gets to finish.
+                let successor = if handover.in_progress.load(Ordering::SeqCst) {
+                    tracing::info!("stopping once the successor taking over is ready");
+                    tokio::time::timeout(ready_timeout, &mut takeover).await.ok()
+                } else {
+                    None
+                };
+                (successor, true)
             }
             Ok(message) = &mut refused => {
-                token.cancel();
-                return Err(RunError::Config(component::config::ConfigError::Invalid {
-                    field: "upstream.identity".into(),
-                    message,
-                }));
+                tracing::error!(error = %message, "stopping: the proxy cannot act as its node");
+                failure = Some(message);
+                (None, true)
             }
-            ready = wait_ready(&readiness, ready_timeout) => ready,
+            successor = &mut takeover => (Some(successor), false),
         };
-        if !ready {
-            token.cancel();
-            let not_ready: Vec<String> = readiness
-                .report()
-                .into_iter()
-                .filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}")))
-                .collect();
-            return Err(RunError::Takeover(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "not ready within {ready_timeout:?} ({}); the running proxy carries on",
-                    not_ready.join("; ")
-                ),
-            )));
-        }
-        if let Err(error) = predecessor.take_over().await {
-            token.cancel();
-            return Err(RunError::Takeover(error));
-        }
-        tracing::info!("took over from the running proxy");
-    }
-
-    let persister_task = persister.clone().map(|p| {
-        let interval = Duration::from_secs(config.cache.persistence.interval_seconds);
-        tokio::spawn(p.run(interval, token.clone()))
-    });
-    let admin_task = tokio::spawn(admin.serve(admin_listener, admin_token.clone()));
-    if let Some((server, listener)) = metrics_server {
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "serving metrics (HTTPS, authenticated)");
-        }
-        tokio::spawn(server.serve(listener, admin_token.clone()));
-    }
-    let handed_over = Arc::new(AtomicBool::new(false));
-    let options = ServeOptions {
-        limits: server::conns::Limits {
-            max_connections: config.max_connections,
-            max_connections_per_client: config.max_connections_per_client,
-            max_requests_in_flight_per_client: config.max_requests_in_flight_per_client,
-        },
-        grace_period: Duration::from_secs(config.shutdown_grace_period_seconds),
-        handed_over: handed_over.clone(),
-    };
-    if let Ok(addr) = api.local_addr() {
-        tracing::info!(%addr, "serving");
-    }
-    let serving = tokio::spawn(server::serve::serve(
-        api,
-        tls.clone(),
-        handler,
-        metrics,
-        options,
-        token.clone(),
-    ));
-
-    // Waiting for a successor, or the signal to stop.
-    let handover = RunHandover {
-        persister: persister.clone(),
-        in_progress: AtomicBool::new(false),
-    };
-    let server = match (&config.takeover.socket_path, offer) {
-        (Some(path), Some(offer)) => match server::takeover::Server::bind(path) {
-            Ok(server) => Some((server, offer)),
-            Err(error) => {
-                tracing::warn!(socket = %path.display(), %error, "cannot listen for a successor; takeover is off");
-                None
-            }
-        },
-        _ => None,
-    };
-    let mut takeover = Box::pin(async {
-        match &server {
-            Some((server, offer)) => server.serve(offer, &handover, ready_timeout).await,
-            None => std::future::pending().await,
-        }
-    });
-    let mut failure = None;
-    let (successor, stop_requested) = tokio::select! {
-        _ = &mut shutdown => {
-            // A successor in the middle of taking over gets to finish.
-            let successor = if handover.in_progress.load(Ordering::SeqCst) {
-                tracing::info!("stopping once the successor taking over is ready");
-                tokio::time::timeout(ready_timeout, &mut takeover).await.ok()
-            } else {
-                None
-            };
-            (successor, true)
-        }
-        Ok(message) = &mut refused => {
-            tracing::error!(error = %message, "stopping: the proxy cannot act as its node");
-            failure = Some(message);
-            (None, true)
-        }
-        successor = &mut takeover => (Some(successor), false),
-    };
-    readiness.set_shutting_down();
-    if successor.is_some() {
-        tracing::info!("a successor took over; draining");
-        handed_over.store(true, Ordering::SeqCst);
-        admin_token.cancel();
-    } else {
-        tracing::info!("shutting down");
-        // The next process accepts on systemd's sockets: a connection this
-        // one accepted just before the stop gets the same time to send its
-        // request as after a handover, not closed idle.
-        if socket_activated {
+        readiness.set_shutting_down();
+        if successor.is_some() {
+            tracing::info!("a successor took over; draining");
             handed_over.store(true, Ordering::SeqCst);
+            admin_token.cancel();
+        } else {
+            tracing::info!("shutting down");
+            // The next process accepts on systemd's sockets: a connection
+            // this one accepted just before the stop gets the same time to
+            // send its request as after a handover, not closed idle.
+            if listeners.socket_activated {
+                handed_over.store(true, Ordering::SeqCst);
+            }
         }
-    }
-    // Stops accepting, ends every watch (cached and passed through) at an
-    // event boundary, stops the reflectors.
-    token.cancel();
-    if let Some(successor) = successor {
-        successor.confirm().await;
-    }
-    drop(takeover);
-    drop(server);
-    let _ = serving.await;
-    if let Some(task) = persister_task {
-        // The final snapshots, after the last request (none after a
-        // handover: the successor writes them now).
-        let _ = task.await;
-    }
-    admin_token.cancel();
-    let _ = admin_task.await;
-    if !stop_requested {
-        // Exiting would have kubelet restart this process, which would take
-        // the sockets back.
-        tracing::info!("drained; idle until stopped");
-        shutdown.await;
-    }
-    tracing::info!("stopped");
-    match failure {
-        Some(message) => Err(RunError::Config(component::config::ConfigError::Invalid {
-            field: "upstream.identity".into(),
-            message,
-        })),
-        None => Ok(()),
+        // Stops accepting, ends every watch (cached and passed through) at
+        // an event boundary, stops the reflectors.
+        token.cancel();
+        if let Some(successor) = successor {
+            successor.confirm().await;
+        }
+        drop(takeover);
+        drop(server);
+        let _ = serving.await;
+        if let Some(task) = persister_task {
+            // The final snapshots, after the last request (none after a
+            // handover: the successor writes them now).
+            let _ = task.await;
+        }
+        admin_token.cancel();
+        let _ = admin_task.await;
+        if !stop_requested {
+            // Exiting would have kubelet restart this process, which would
+            // take the sockets back.
+            tracing::info!("drained; idle until stopped");
+            shutdown.await;
+        }
+        tracing::info!("stopped");
+        match failure {
+            Some(message) => Err(identity_refused(message)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -719,26 +661,6 @@ impl server::takeover::Handover for RunHandover {
         self.in_progress.store(false, Ordering::SeqCst);
         if let Some(p) = &self.persister {
             p.resume();
-        }
-    }
-}
-
-/// The snapshot directory, if configured and usable (a directory that
-/// cannot be created is logged and the proxy runs without snapshots).
-fn snapshots(
-    config: &component::config::PersistenceConfig,
-    kube_config: &kube::Config,
-) -> Option<Arc<cache::persist::Snapshots>> {
-    let dir = config.directory.as_ref()?;
-    let upstream = cache::persist::upstream_digest(
-        &kube_config.cluster_url.to_string(),
-        kube_config.root_cert.as_deref().unwrap_or_default(),
-    );
-    match cache::persist::Snapshots::new(dir, config.max_bytes, upstream) {
-        Ok(s) => Some(Arc::new(s)),
-        Err(error) => {
-            tracing::warn!(dir = %dir.display(), %error, "cannot use the snapshot directory; running without snapshots");
-            None
         }
     }
 }

@@ -43,6 +43,18 @@ pub struct Admin {
 // === impl Admin ===
 
 impl Admin {
+    /// What the metrics listener, reachable beyond the node, may read:
+    /// metrics and health only.
+    pub fn metrics_only(&self) -> Admin {
+        Admin {
+            metrics: self.metrics.clone(),
+            readiness: self.readiness.clone(),
+            tls: self.tls.clone(),
+            caches: None,
+            upstream: None,
+        }
+    }
+
     /// Serves admin requests on `listener` until `shutdown` is cancelled.
     /// The admin port stays up during the drain so probes see not-ready.
     pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) {

@@ -143,6 +143,46 @@ impl Caches {
         Ok(Caches { by_gvr })
     }
 
+    /// The cache stage of [`crate::run`]: a cache per resource of
+    /// `config.cache`, scoped to what the proxy's `identity` may read
+    /// (a node proxy's pods and node: its own), each filled by a reflector
+    /// (resumed from its snapshot, with `cache.persistence`) and checked
+    /// by a consistency checker; and the persister that writes the
+    /// snapshots, to be run.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a resource that cannot be cached, or cannot be
+    /// scoped to the identity.
+    pub fn start(
+        config: &crate::component::config::Config,
+        identity: &crate::upstream::identity::Identity,
+        metrics: &CacheMetrics,
+        upstream: &Upstream,
+        kube_config: &kube::Config,
+        readiness: &Readiness,
+        shutdown: &CancellationToken,
+    ) -> Result<(Caches, Option<Arc<persist::Persister>>), ConfigError> {
+        let mut cache_config = config.cache.clone();
+        identity
+            .scope_caches(&mut cache_config)
+            .map_err(|message| ConfigError::Invalid {
+                field: "cache.resources".into(),
+                message,
+            })?;
+        let caches = Caches::new(&cache_config, &config.node_name, identity, metrics)?;
+        let snapshots = persist::Snapshots::open(&config.cache.persistence, kube_config);
+        caches.spawn_reflectors(
+            upstream,
+            readiness,
+            snapshots.as_ref(),
+            &config.cache.consistency_check,
+            shutdown,
+        );
+        let persister = snapshots
+            .map(|s| Arc::new(persist::Persister::new(s, caches.iter().cloned().collect())));
+        Ok((caches, persister))
+    }
+
     /// The cache for a group, version and resource.
     pub fn get(&self, group: &str, version: &str, resource: &str) -> Option<&Arc<ResourceCache>> {
         self.by_gvr

@@ -142,6 +142,27 @@ impl<W: Write> Write for Hashing<W> {
 // === impl Snapshots ===
 
 impl Snapshots {
+    /// The snapshot directory of `cache.persistence`, if configured and
+    /// usable (a directory that cannot be created is logged and the proxy
+    /// runs without snapshots), for the cluster of `kube_config`.
+    pub fn open(
+        config: &crate::component::config::PersistenceConfig,
+        kube_config: &kube::Config,
+    ) -> Option<Arc<Snapshots>> {
+        let dir = config.directory.as_ref()?;
+        let upstream = upstream_digest(
+            &kube_config.cluster_url.to_string(),
+            kube_config.root_cert.as_deref().unwrap_or_default(),
+        );
+        match Snapshots::new(dir, config.max_bytes, upstream) {
+            Ok(s) => Some(Arc::new(s)),
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "cannot use the snapshot directory; running without snapshots");
+                None
+            }
+        }
+    }
+
     /// Snapshots in `dir` (created 0700 if missing), at most `max_bytes`
     /// in all, for the apiserver `upstream` identifies.
     ///

@@ -246,7 +246,7 @@ impl Upstream {
     }
 
     /// The primary server's balancer, with client-side balancing.
-    pub fn balancer(&self) -> Option<&Arc<super::Balancer>> {
+    pub fn balancer(&self) -> Option<&Arc<super::balance::Balancer>> {
         self.sites[0].balancer.as_ref()
     }
 

@@ -33,8 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 use apimachinery::user::UserInfo;
 
+use super::failover::Upstream;
+use super::site::Credentials;
 use crate::component::config::{CacheConfig, IdentityMode};
-use crate::upstream::{Credentials, Upstream};
 
 /// The user name of node `name`.
 pub fn node_user(name: &str) -> String {

@@ -38,6 +38,7 @@ pub mod csr;
 pub mod identity;
 
 mod balance;
+mod connect;
 mod error;
 mod failover;
 mod kubeconfig;
@@ -47,6 +48,7 @@ mod server;
 mod site;
 
 pub use balance::{Balancer, BalancerMetrics, EndpointState};
+pub use connect::{Connected, IdentityChecks, connect};
 pub use error::{UpstreamError, error_chain};
 pub use failover::Upstream;
 pub use kubeconfig::load_kube_config;

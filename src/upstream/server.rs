@@ -28,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use apimachinery::impersonation::Filter;
 
-use super::{Credentials, Upstream};
+use super::failover::Upstream;
+use super::site::Credentials;
 
 /// How often the apiserver is asked again.
 const RELEARN: Duration = Duration::from_secs(300);
