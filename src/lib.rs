@@ -307,15 +307,17 @@ pub async fn run(
     let auth_metrics = auth::metrics::AuthMetrics::new(metrics.registry())?;
     let readiness = Readiness::default();
     let token = CancellationToken::new();
+    // Whatever run() returns with, the background work stops.
+    let _stop = token.clone().drop_guard();
 
     let (tls, csr) = serving_tls(&config)?;
-    tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
 
     let connected = upstream::connect(&config.upstream, &config.node_name).await?;
     let upstream::IdentityChecks {
         mut refused,
         node_impersonation,
     } = connected.spawn_identity_checks(&readiness, &token);
+    tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
     let server_info = connected
         .start_background(&metrics, TLS_RELOAD_INTERVAL, &token)
         .await;
@@ -387,7 +389,6 @@ pub async fn run(
         )
         .await;
         if !matches!(taken, Ok(true)) {
-            token.cancel();
             return taken.map(|_| ());
         }
     }
