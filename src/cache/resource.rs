@@ -616,12 +616,11 @@ impl ResourceCache {
     /// then asked to relist. (Not the cache's RV when the answer arrives:
     /// the watch may have carried it past the read's revision meanwhile.)
     pub fn rewound(&self, upstream_rv: u64, cache_rv: u64) -> bool {
-        let rv = cache_rv;
-        if !self.is_synced() || upstream_rv >= rv {
+        if !self.is_synced() || upstream_rv >= cache_rv {
             return false;
         }
         if !self.rewinding.swap(true, Ordering::AcqRel) {
-            tracing::warn!(resource = %self.info.gvr.resource, upstream_rv, cache_rv = rv, "upstream's current resourceVersion is below the cache's: its history went back (etcd restored from a backup without --bump-revision?); relisting");
+            tracing::warn!(resource = %self.info.gvr.resource, upstream_rv, cache_rv, "upstream's current resourceVersion is below the cache's: its history went back (etcd restored from a backup without --bump-revision?); relisting");
         }
         self.relist_wanted.notify_one();
         true
@@ -655,8 +654,10 @@ impl ResourceCache {
     ) -> Result<u64, ProbeError> {
         // Counted once per upstream probe, not per request sharing it.
         let metrics = self.metrics.clone();
-        let cache_rv = self.rv.subscribe();
+        let rv = &self.rv;
         let probe = self.probe.lock().join(arrived, move || {
+            // Only for a new probe, not for every request joining one.
+            let cache_rv = rv.subscribe();
             let probe = start_probe();
             async move {
                 // Read before the request is sent: `start_probe`'s future

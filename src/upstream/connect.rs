@@ -28,7 +28,7 @@ pub struct Connected {
     pub kube_config: kube::Config,
     pub identity: Identity,
     /// `upstream.connectTimeoutSeconds`.
-    pub connect_timeout: Duration,
+    connect_timeout: Duration,
     /// `upstream.clientSideBalancing.probeIntervalSeconds`.
     balancer_probe_interval: Duration,
 }
