@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The version matrix: the real-apiserver tests (tests/real/ and tests/real_*.rs: every
+# The version matrix: the real-apiserver tests (tests/real/ and tests/real_isolated/: every
 # representation, resourceVersion rules, streaming lists, consistent
 # reads, pagination, compaction, authorization, hollow kubelets, the short
 # robustness run) against each older supported kube-apiserver minor
@@ -17,11 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(1.34 1.35)
-# tests/real/ is one test binary (`real`); each tests/real_*.rs another.
-tests=(--test real)
-for f in tests/real_*.rs; do
-    tests+=(--test "$(basename "$f" .rs)")
-done
+# The real-apiserver tests are two test binaries: the tests that share a
+# control plane (`real`), and those with one each (`real_isolated`).
+tests=(--test real --test real_isolated)
 for v in "${versions[@]}"; do
     echo "== the real-apiserver tests against kube-apiserver $v"
     start=$SECONDS

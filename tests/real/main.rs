@@ -5,13 +5,12 @@
 //! the apiserver, authentication, clients, paths, tables, the tier's
 //! credentials and WebSocket streams. The tests that pause, restart,
 //! compact or restore the control plane, count the apiserver's own
-//! watches, or turn on fault injection (which is process-wide) stay test
-//! binaries of their own (`tests/real_*.rs`). `cargo test --test real
+//! watches, or turn on fault injection (which is process-wide) are
+//! `tests/real_isolated/`, each on a control plane of its own. `cargo test --test real
 //! <module>::` runs one module.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../support/mod.rs"]
-mod support;
+use kcp_test_support as support;
 
 mod api;
 mod authentication;

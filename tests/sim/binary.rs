@@ -718,7 +718,7 @@ async fn runs_with_the_daemonset_configuration() {
     // The simulated apiserver's credential is no node's, so this run
     // overrides the shipped upstream.identity (Node). The shipped mode
     // itself, the same file with a node-bound token, runs against a real
-    // kube-apiserver in tests/real_least_privilege.rs
+    // kube-apiserver in tests/real_isolated/least_privilege.rs
     // (the_binary_runs_with_the_daemonset_configuration_as_its_node).
     run_with_shipped_config(
         &root().join("manifests/kube-cache-proxy.yaml"),

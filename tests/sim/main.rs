@@ -5,8 +5,7 @@
 //! test --test sim <module>::` runs one.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../support/mod.rs"]
-mod support;
+use kcp_test_support as support;
 
 mod binary;
 mod cache_faults;

@@ -1,6 +1,6 @@
 //! `--real`: a real control plane (etcd and kube-apiserver v1.36 from
 //! `../shared/k8s/`, started by `kube-testenv` on free 127.0.0.1 ports, as
-//! the `tests/real_*.rs` tests do) with the proxy in front of it
+//! the real-apiserver tests do) with the proxy in front of it
 //! ([`RunningProxy`]: in this process, or `--proxy-bin`), the proxy acting
 //! upstream as `admin` (`system:masters`) and the load as `admin` too,
 //! through the proxy and, for comparison, directly.

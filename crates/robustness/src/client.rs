@@ -14,9 +14,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 
 /// Who a client is.
 #[derive(Debug, Clone)]
@@ -61,22 +59,11 @@ impl std::fmt::Debug for Client {
 /// A rustls configuration trusting `ca_pem`, presenting `auth`'s
 /// certificate if it has one.
 pub fn tls_config(ca_pem: &str, auth: &Auth) -> Result<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert?)?;
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots);
-    Ok(match auth {
-        Auth::Cert(issued) => {
-            let chain = vec![CertificateDer::from_pem_slice(issued.cert_pem.as_bytes())?];
-            let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes())?;
-            builder.with_client_auth_cert(chain, key)?
-        }
-        Auth::Token(_) => builder.with_no_client_auth(),
-    })
+    let certificate = match auth {
+        Auth::Cert(issued) => Some(issued),
+        Auth::Token(_) => None,
+    };
+    Ok(kube_testenv::tls::client_config(ca_pem, certificate)?)
 }
 
 impl Client {

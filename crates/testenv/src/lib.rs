@@ -25,6 +25,7 @@ pub mod assets;
 mod etcd;
 mod instance;
 pub mod process;
+pub mod tls;
 
 use std::fs;
 use std::io;
@@ -567,6 +568,19 @@ impl ControlPlane {
         self.apiservers[i]
             .with(Process::resume)?
             .map_err(io_err("resuming kube-apiserver"))
+    }
+
+    /// Stops every apiserver, then every etcd member (`SIGKILL`), as
+    /// dropping the control plane does: for a plane leaked to `&'static`
+    /// (what a test spawns borrows it) whose processes must still end with
+    /// the test. Nothing starts it again.
+    pub fn stop(&self) {
+        for apiserver in &self.apiservers {
+            let _ = apiserver.with(Process::kill);
+        }
+        for member in &self.members {
+            let _ = member.with(Process::kill);
+        }
     }
 
     /// Stops the first apiserver (`SIGKILL`) and leaves it down, as in an

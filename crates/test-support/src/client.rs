@@ -2,9 +2,7 @@
 //! simulated apiserver): client-certificate, token or anonymous identity,
 //! HTTP/1.1 or HTTP/2, buffered responses, and watch streams read event by
 //! event.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use apimachinery::pki::Issued;
@@ -16,9 +14,6 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
 
 /// A buffered response.
@@ -168,23 +163,11 @@ pub struct Client {
 /// A rustls client config trusting `ca_pem`, with the identity's
 /// certificate if any.
 pub fn tls_config(ca_pem: &str, auth: &Auth) -> rustls::ClientConfig {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    match auth {
-        Auth::Cert(issued) => {
-            let chain = vec![CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap()];
-            let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap();
-            builder.with_client_auth_cert(chain, key).unwrap()
-        }
-        _ => builder.with_no_client_auth(),
-    }
+    let certificate = match auth {
+        Auth::Cert(issued) => Some(issued),
+        Auth::Token(_) | Auth::Anonymous => None,
+    };
+    kube_testenv::tls::client_config(ca_pem, certificate).unwrap()
 }
 
 impl Client {

@@ -6,15 +6,15 @@
 //! from its snapshot and serves what changed meanwhile.
 //!
 //! Skipped, with one line, where no control plane is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
+use kube_testenv::Options;
 use serde_json::json;
 use support::env::Running;
-use support::real::{RealEnv, eventually, metric_sum};
+use support::real::{Isolated, RealEnv, eventually, metric_sum};
 
 /// The apiserver's LISTs of the resources the proxy caches.
 async fn upstream_lists(env: &RealEnv) -> f64 {
@@ -36,14 +36,14 @@ async fn upstream_lists(env: &RealEnv) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_proxy_adds_no_upstream_list() {
     let snapshots = support::env::tempdir().join("snapshots");
-    let Some(mut env) = RealEnv::start_with(|c| {
+    let Some(plane) = Isolated::start(Options::default()).await else {
+        return;
+    };
+    let mut env = RealEnv::start_on(plane.cp(), |c| {
         support::cache_configmaps(c);
         c.cache.persistence.directory = Some(snapshots.clone());
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let ns = env.namespace("restart").await;
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     env.create(

@@ -1,12 +1,13 @@
 //! The real-control-plane tier: the proxy (`kube_cache_proxy::run`, over
 //! real sockets and TLS) in front of a real kube-apiserver v1.36 and etcd
-//! started by `kube-testenv`, one control plane per test binary.
+//! started by `kube-testenv`: one control plane shared by the tests of
+//! `tests/real/`, or one of a test's own ([`Isolated`]).
 //!
-//! Where no control plane is available, [`RealEnv::start`] returns `None`
-//! (after `kube-testenv` printed why, once) and the test returns early.
-//! Tests share the control plane, so each works in its own namespace and
-//! labels the cluster-scoped objects it makes with its own name.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Where no control plane is available, [`RealEnv::start`] and
+//! [`Isolated::start`] return `None` (after `kube-testenv` printed why,
+//! once) and the test returns early. Tests sharing the control plane each
+//! work in their own namespace and label the cluster-scoped objects they
+//! make with their own name.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,8 +17,8 @@ use kube_cache_proxy::component::config::Config;
 use kube_testenv::ControlPlane;
 use serde_json::{Value, json};
 
-use super::client::{Auth, Client, Resp};
-use super::env::{Running, tempdir};
+use crate::client::{Auth, Client, Resp};
+use crate::env::{Running, tempdir};
 
 /// A real control plane and the proxy in front of it.
 pub struct RealEnv {
@@ -28,6 +29,50 @@ pub struct RealEnv {
     pub proxy_ca: Ca,
     pub config: Config,
     pub running: Running,
+}
+
+/// A control plane of one test's own, held while no other test of the
+/// binary runs: for the tests that pause, restart, compact or restore it,
+/// count the apiserver's own watches, or turn on fault injection (which is
+/// process-wide). The plane is leaked to `&'static` (what the test spawns
+/// borrows it); dropping this stops its processes, then lets the next test
+/// run.
+pub struct Isolated {
+    cp: &'static ControlPlane,
+    _alone: tokio::sync::MutexGuard<'static, ()>,
+}
+
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+impl Isolated {
+    /// Waits until no other test holds its own control plane, then starts
+    /// one with `options`; `None` where no binaries are available (the
+    /// test skips).
+    pub async fn start(options: kube_testenv::Options) -> Option<Isolated> {
+        let alone = Isolated::alone().await;
+        let cp = ControlPlane::start_or_skip(options).await?;
+        Some(Isolated {
+            cp: Box::leak(Box::new(cp)),
+            _alone: alone,
+        })
+    }
+
+    /// Waits until no other test holds its own control plane, for a test
+    /// that starts its control plane itself (the robustness harness).
+    pub async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+        ALONE.lock().await
+    }
+
+    /// The control plane, for the rest of the test.
+    pub fn cp(&self) -> &'static ControlPlane {
+        self.cp
+    }
+}
+
+impl Drop for Isolated {
+    fn drop(&mut self) {
+        self.cp.stop();
+    }
 }
 
 /// The proxy's test configuration in front of `cp`, acting upstream as
@@ -173,29 +218,7 @@ impl RealEnv {
     /// Creates a namespace with a `default` ServiceAccount (no
     /// kube-controller-manager runs to make one) and returns its name.
     pub async fn namespace(&self, name: &str) -> String {
-        let admin = self.apiserver();
-        let r = admin
-            .post_json(
-                "/api/v1/namespaces",
-                &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
-            )
-            .await;
-        assert!(
-            r.status == 201 || r.status == 409,
-            "namespace {name}: {}",
-            r.text()
-        );
-        let r = admin
-            .post_json(
-                &format!("/api/v1/namespaces/{name}/serviceaccounts"),
-                &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
-            )
-            .await;
-        assert!(
-            r.status == 201 || r.status == 409,
-            "default sa: {}",
-            r.text()
-        );
+        namespace(&self.apiserver(), name).await;
         name.to_string()
     }
 
@@ -354,20 +377,56 @@ pub fn json_or_null(r: &Resp) -> Value {
 /// Creates every object of a manifest (ClusterRoles, ClusterRoleBindings,
 /// ServiceAccounts in kube-system) as `admin`; existing ones are fine.
 pub async fn apply(admin: &Client, manifest: &str) {
+    apply_in(admin, "kube-system", manifest).await;
+}
+
+/// [`apply`] with the ServiceAccounts in `namespace` (as `kubectl apply
+/// -k` with the kustomization's namespace).
+pub async fn apply_in(admin: &Client, namespace: &str, manifest: &str) {
     for doc in manifest.split("\n---\n") {
         let obj: Value = match serde_saphyr::from_str(doc) {
             Ok(Value::Null) | Err(_) => continue,
             Ok(v) => v,
         };
         let collection = match obj["kind"].as_str().unwrap() {
-            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            "ClusterRoleBinding" => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            "ServiceAccount" => "/api/v1/namespaces/kube-system/serviceaccounts",
+            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles".to_string(),
+            "ClusterRoleBinding" => {
+                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_string()
+            }
+            "ServiceAccount" => format!("/api/v1/namespaces/{namespace}/serviceaccounts"),
             other => panic!("unexpected {other}"),
         };
-        let r = admin.post_json(collection, &obj).await;
+        let r = admin.post_json(&collection, &obj).await;
         assert!(r.status == 201 || r.status == 409, "{}", r.text());
     }
+}
+
+/// Creates namespace `name` and its `default` ServiceAccount (which the
+/// ServiceAccount admission wants and no controller-manager creates
+/// here) as `admin`; existing ones are fine.
+pub async fn namespace(admin: &Client, name: &str) {
+    let r = admin
+        .post_json(
+            "/api/v1/namespaces",
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+        )
+        .await;
+    assert!(
+        r.status == 201 || r.status == 409,
+        "namespace {name}: {}",
+        r.text()
+    );
+    let r = admin
+        .post_json(
+            &format!("/api/v1/namespaces/{name}/serviceaccounts"),
+            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        )
+        .await;
+    assert!(
+        r.status == 201 || r.status == 409,
+        "default sa: {}",
+        r.text()
+    );
 }
 
 /// Writes `text` to `dir/name`.
@@ -380,7 +439,7 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// A shipped configuration with what only exists on a node or in a pod
 /// (addresses, files) replaced.
 pub fn shipped(path: &str, dir: &Path, serving_ca: &Ca, client_ca_pem: &str) -> Config {
-    let mut c = Config::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap();
+    let mut c = Config::from_file(&crate::repo().join(path)).unwrap();
     let serving = serving_ca
         .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
         .unwrap();

@@ -6,20 +6,19 @@
 //! any other certificate user.
 //!
 //! Skipped, with one line, where no control plane is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
 use http::Method;
 use kube_cache_proxy::component::config::IdentityMode;
-use kube_testenv::{ControlPlane, Morph, Options};
+use kube_testenv::{Morph, Options};
 use serde_json::{Value, json};
 use support::Auth;
 use support::binary::{Binary, can_drop_capabilities};
 use support::client::Client;
-use support::real::{RealEnv, eventually, metric_sum};
+use support::real::{Isolated, RealEnv, eventually, metric_sum};
 
 const NODE: &str = "lp-node";
 
@@ -76,7 +75,7 @@ fn condition_true(obj: &Value, kind: &str) -> bool {
 /// returns a token of the account bound to that Node, as the pod's
 /// projected token is.
 async fn node_bound_token(admin: &Client, node: &str) -> String {
-    apply(admin, include_str!("../manifests/rbac.yaml")).await;
+    apply(admin, include_str!("../../manifests/rbac.yaml")).await;
     let r = admin
         .post_json(
             "/api/v1/namespaces/kube-system/serviceaccounts",
@@ -109,22 +108,23 @@ async fn node_bound_token(admin: &Client, node: &str) -> String {
 /// node: the proxy says so and exits 64 instead of never becoming ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_constrained_impersonation_the_proxy_stops_with_a_clear_error() {
-    let Some(shared) = ControlPlane::shared().await else {
-        return;
-    };
     // 1.34, and 1.35 by default, have none; 1.36 with the feature off.
-    let started;
-    let cp = if shared.has_constrained_impersonation() {
-        started = ControlPlane::start(Options {
+    let minor = Options::default()
+        .wanted_version()
+        .and_then(|v| v.split('.').nth(1)?.parse::<u32>().ok());
+    let options = if minor.is_none_or(|m| m >= 36) {
+        Options {
             apiserver_args: vec!["--feature-gates=ConstrainedImpersonation=false".into()],
             ..Options::default()
-        })
-        .await
-        .unwrap();
-        &started
+        }
     } else {
-        shared
+        Options::default()
     };
+    let Some(plane) = Isolated::start(options).await else {
+        return;
+    };
+    let cp = plane.cp();
+    assert!(!cp.has_constrained_impersonation(), "{}", cp.version());
     let admin = Client::new(
         &cp.url(),
         &cp.ca_pem(),
@@ -174,9 +174,10 @@ async fn without_constrained_impersonation_the_proxy_stops_with_a_clear_error() 
 /// from the cache, refuses other certificate users, and stops on SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
-    let Some(cp) = ControlPlane::shared().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     if !cp.has_constrained_impersonation() {
         // Proven by without_constrained_impersonation_the_proxy_stops_with_a_clear_error.
         eprintln!(
@@ -323,9 +324,10 @@ async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_identity_is_the_node_and_nothing_more() {
-    let Some(cp) = ControlPlane::shared().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     if !cp.has_constrained_impersonation() {
         // Proven by without_constrained_impersonation_the_proxy_stops_with_a_clear_error.
         eprintln!(
@@ -534,12 +536,11 @@ async fn the_shipped_identity_is_the_node_and_nothing_more() {
             &apimachinery::kubeconfig::with_token(&cp.url(), &cp.ca_pem(), &token),
         )
         .unwrap();
-    let env = RealEnv::start_with(|c| {
+    let env = RealEnv::start_on(cp, |c| {
         c.upstream.kubeconfig = Some(kubeconfig);
         c.upstream.identity = IdentityMode::Node;
     })
-    .await
-    .unwrap();
+    .await;
     let ns = env.namespace("least-privilege").await;
     env.create(
         &format!("/api/v1/namespaces/{ns}/configmaps"),
@@ -628,9 +629,10 @@ async fn the_shipped_identity_is_the_node_and_nothing_more() {
 /// certificate cannot act through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_certificate_mode_carries_a_hollow_kubelet() {
-    let Some(cp) = ControlPlane::shared().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     const NODE: &str = "lp-cert-node";
     let admin = Client::new(
         &cp.url(),
@@ -638,7 +640,7 @@ async fn the_node_certificate_mode_carries_a_hollow_kubelet() {
         Auth::Cert(cp.admin().clone()),
         false,
     );
-    apply(&admin, include_str!("../manifests/node/rbac.yaml")).await;
+    apply(&admin, include_str!("../../manifests/node/rbac.yaml")).await;
     let node_cert = cp
         .issue_client(&format!("system:node:{NODE}"), Some("system:nodes"))
         .unwrap();
@@ -653,7 +655,7 @@ async fn the_node_certificate_mode_carries_a_hollow_kubelet() {
             std::fs::set_permissions(&pem, std::fs::Permissions::from_mode(0o600)).unwrap();
             let ca = dir.join("ca.crt");
             std::fs::write(&ca, cp.ca_pem()).unwrap();
-            include_str!("../manifests/node/upstream-kubeconfig.yaml")
+            include_str!("../../manifests/node/upstream-kubeconfig.yaml")
                 .replace("https://k8s-api.example.internal:6443", &cp.url())
                 .replace("/etc/kubernetes/pki/ca.crt", &ca.display().to_string())
                 .replace(

@@ -7,21 +7,22 @@
 //! bookmark, keep progress watches rolling while they come.
 //!
 //! Skipped, with one line, where no control plane is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
-use support::real::{RealEnv, eventually, metric_sum};
+use kube_testenv::Options;
+use support::real::{Isolated, RealEnv, eventually, metric_sum};
 
 const WATCHES: usize = 150;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pass_through_watches_beyond_one_connections_streams_all_open_upstream() {
-    let Some(env) = RealEnv::start().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let env = RealEnv::start_on(plane.cp(), |_| {}).await;
     let ns = env.namespace("streams").await;
     // Secrets are not cached: every watch passes through.
     let path = format!("/api/v1/namespaces/{ns}/secrets?watch=1&allowWatchBookmarks=true");
@@ -79,14 +80,14 @@ async fn pass_through_watches_beyond_one_connections_streams_all_open_upstream()
 async fn progress_watches_roll_while_streaming_lists_wait() {
     use support::client::Next;
     let roll = 3;
-    let Some(env) = RealEnv::start_with(|c| {
+    let Some(plane) = Isolated::start(Options::default()).await else {
+        return;
+    };
+    let env = RealEnv::start_on(plane.cp(), |c| {
         support::cache_configmaps(c);
         c.cache.progress_watch_roll_seconds = roll;
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let ns = env.namespace("rolling").await;
     let base = format!("/api/v1/namespaces/{ns}/configmaps");
     env.create(

@@ -24,18 +24,20 @@
 //! the same state as the same client directly on the apiserver, its list
 //! and watch answered from the sidecar's cache, its token reviewed and its
 //! reads authorized as the apiserver would.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use apimachinery::pki::Ca;
-use kube_testenv::ControlPlane;
+use kube_testenv::Options;
 use serde_json::{Value, json};
+use support::env::admin_get;
 use support::python::{PythonRun, list_watch_script, python, python_run};
-use support::real::{eventually, metric_sum, service_account_token, shipped, write};
+use support::real::{
+    Isolated, apply_in, eventually, metric_sum, namespace, service_account_token, shipped, write,
+};
 use support::{Auth, Client};
 
 const NS: &str = "monitoring";
@@ -85,52 +87,17 @@ fn service_account_volume(dir: &Path, name: &str, token: &str, ca_pem: &str) -> 
     d
 }
 
-/// A plain-HTTP GET on the proxy's admin port: (status, body).
-async fn admin_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((status, body))
-}
-
 /// Creates the sidecar's ServiceAccount and RBAC as `kubectl apply -k`
 /// would in namespace `monitoring`.
 async fn apply_sidecar_rbac(admin: &Client) {
-    let r = admin
-        .post_json(
-            "/api/v1/namespaces",
-            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
-        )
-        .await;
-    assert!(r.status == 201 || r.status == 409, "{}", r.text());
-    let files = [
-        include_str!("../manifests/sidecar/serviceaccount.yaml"),
-        include_str!("../manifests/sidecar/rbac.yaml"),
-    ];
-    for doc in files.iter().flat_map(|f| f.split("\n---\n")) {
-        let obj: Value = match serde_saphyr::from_str(doc) {
-            Ok(Value::Null) | Err(_) => continue,
-            Ok(v) => v,
-        };
-        let collection = match obj["kind"].as_str().unwrap() {
-            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles".to_string(),
-            "ClusterRoleBinding" => {
-                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_string()
-            }
-            "ServiceAccount" => format!("/api/v1/namespaces/{NS}/serviceaccounts"),
-            other => panic!("unexpected {other}"),
-        };
-        let r = admin.post_json(&collection, &obj).await;
-        assert!(r.status == 201 || r.status == 409, "{}", r.text());
-    }
+    namespace(admin, NS).await;
+    apply_in(
+        admin,
+        NS,
+        include_str!("../../manifests/sidecar/serviceaccount.yaml"),
+    )
+    .await;
+    apply_in(admin, NS, include_str!("../../manifests/sidecar/rbac.yaml")).await;
 }
 
 fn pod(name: &str) -> Value {
@@ -151,9 +118,10 @@ async fn an_unmodified_in_cluster_client_is_served_by_the_sidecar_from_its_cache
     let Some(python) = python() else {
         return;
     };
-    let Some(cp) = ControlPlane::shared().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     let admin = Client::new(
         &cp.url(),
         &cp.ca_pem(),
@@ -170,6 +138,7 @@ async fn an_unmodified_in_cluster_client_is_served_by_the_sidecar_from_its_cache
     let mut config = shipped("manifests/sidecar/config.yaml", &dir, &proxy_ca, "");
     config.tls.client_ca_file = None;
     let (port, admin_port) = (support::env::free_port(), support::env::free_port());
+    let admin_addr = ([127, 0, 0, 1], admin_port).into();
     config.listen = format!("127.0.0.1:{port}");
     config.admin_listen = format!("127.0.0.1:{admin_port}");
     let config_file = write(
@@ -194,8 +163,9 @@ async fn an_unmodified_in_cluster_client_is_served_by_the_sidecar_from_its_cache
         Duration::from_secs(60),
         "the sidecar ready",
         || async move {
-            admin_get(admin_port, "/readyz")
+            admin_get(admin_addr, "/readyz")
                 .await
+                .ok()
                 .and_then(|(s, _)| (s == 200).then_some(()))
         },
     )
@@ -203,22 +173,7 @@ async fn an_unmodified_in_cluster_client_is_served_by_the_sidecar_from_its_cache
 
     // The workload's pods namespace, with one pod before it starts.
     let apps = format!("sidecar-apps-{}", fastrand::u32(..));
-    let r = admin
-        .post_json(
-            "/api/v1/namespaces",
-            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": apps}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text());
-    // No controller-manager here: the ServiceAccount admission wants the
-    // `default` account it would create.
-    let r = admin
-        .post_json(
-            &format!("/api/v1/namespaces/{apps}/serviceaccounts"),
-            &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text());
+    namespace(&admin, &apps).await;
     let pods = format!("/api/v1/namespaces/{apps}/pods");
     let r = admin.post_json(&pods, &pod("a")).await;
     assert_eq!(r.status, 201, "{}", r.text());
@@ -312,7 +267,7 @@ async fn an_unmodified_in_cluster_client_is_served_by_the_sidecar_from_its_cache
     assert_eq!(through.last.keys().collect::<Vec<_>>(), ["a", "c"]);
 
     // Answered from the sidecar's cache, as the workload's own identity.
-    let (_, metrics) = admin_get(admin_port, "/metrics").await.unwrap();
+    let (_, metrics) = admin_get(admin_addr, "/metrics").await.unwrap();
     let from_cache = |verb| {
         metric_sum(
             &metrics,

@@ -12,9 +12,8 @@
 //!
 //! Skipped, with one line, where no control plane is available; the
 //! HAProxy half is skipped where HAProxy is not installed.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,7 +23,7 @@ use kube_testenv::{ControlPlane, Options};
 use serde_json::json;
 use support::cache_configmaps;
 use support::client::{Auth, Client, Next};
-use support::real::{RealEnv, eventually, metric_sum};
+use support::real::{Isolated, RealEnv, eventually, metric_sum};
 
 fn port_of(url: &str) -> u16 {
     url.rsplit(':')
@@ -260,7 +259,7 @@ async fn client_side_balancing_against_haproxy() {
         )
         .with_test_writer()
         .try_init();
-    let Some(cp) = ControlPlane::start_or_skip(Options {
+    let Some(plane) = Isolated::start(Options {
         apiservers: 3,
         etcd_members: 3,
         ..Options::default()
@@ -269,8 +268,7 @@ async fn client_side_balancing_against_haproxy() {
     else {
         return;
     };
-    // The proxy's tests hold a control plane for the whole binary.
-    let cp: &'static ControlPlane = Box::leak(Box::new(cp));
+    let cp = plane.cp();
     publish_apiservers(cp, &admin_of(cp, 0)).await;
     // The proxy's own balancing first, then HAProxy: each starts once
     // every apiserver answers consistent reads again.

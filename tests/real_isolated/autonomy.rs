@@ -20,9 +20,8 @@
 //! outage, and to convergence after it.
 //!
 //! Skipped, with one line, where no control plane is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Stdio;
@@ -30,11 +29,11 @@ use std::time::{Duration, Instant};
 
 use apimachinery::pki::Ca;
 use kube_cache_proxy::component::config::Config;
-use kube_testenv::{ControlPlane, Morph};
+use kube_testenv::{Morph, Options};
 use serde_json::json;
 use support::client::{Auth, Client};
 use support::env::tempdir;
-use support::real::{eventually, metric_sum};
+use support::real::{Isolated, eventually, metric_sum};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-cache-proxy");
 const NODE: &str = "autonomy-node";
@@ -106,9 +105,10 @@ async fn pods_running(admin: &Client) -> Option<bool> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
-    let Some(cp) = ControlPlane::shared().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     if !cp.assets().has_kubemark() {
         eprintln!("skipping: no kubemark in {}", cp.assets().dir.display());
         return;
@@ -119,7 +119,7 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
         Auth::Cert(cp.admin().clone()),
         false,
     );
-    for manifest in [include_str!("../manifests/node/rbac.yaml")] {
+    for manifest in [include_str!("../../manifests/node/rbac.yaml")] {
         for doc in manifest.split("\n---\n") {
             let obj: serde_json::Value = match serde_saphyr::from_str(doc) {
                 Ok(serde_json::Value::Null) | Err(_) => continue,

@@ -12,17 +12,16 @@
 //!
 //! Each case has a control plane of its own. Skipped, with one line,
 //! where no control plane is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
-use kube_testenv::{ControlPlane, Options};
+use kube_testenv::Options;
 use serde_json::{Value, json};
 use support::cache_configmaps;
 use support::client::Next;
-use support::real::{RealEnv, eventually};
+use support::real::{Isolated, RealEnv, eventually};
 
 fn names(list: &Value) -> Vec<String> {
     let mut n: Vec<String> = list["items"]
@@ -36,11 +35,10 @@ fn names(list: &Value) -> Vec<String> {
 }
 
 async fn restore(bump: bool) {
-    let Some(cp) = ControlPlane::start_or_skip(Options::default()).await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
-    // The proxy's tests hold a control plane for the whole binary.
-    let cp: &'static ControlPlane = Box::leak(Box::new(cp));
+    let cp = plane.cp();
     let env = RealEnv::start_on(cp, cache_configmaps).await;
     let ns = env.namespace("restore").await;
     let cms = format!("/api/v1/namespaces/{ns}/configmaps");

@@ -6,7 +6,6 @@
 //! certificate), trusts the sim's CA for client certificates (as a real
 //! deployment trusts the cluster's client CA), and serves its own
 //! certificate from a separate CA.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,7 +18,7 @@ use kube_cache_proxy::{Listeners, RunError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::client::{Auth, Client};
+use crate::client::{Auth, Client};
 
 /// The sim, the proxy, and the files they share.
 pub struct Env {
@@ -104,21 +103,7 @@ impl Running {
 
     /// A plain-HTTP GET on the admin port: (status, body).
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(self.admin).await.unwrap();
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        let status = out[9..12].parse().unwrap();
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, dechunk(&body))
+        admin_get(self.admin, path).await.unwrap()
     }
 
     /// Waits until `/readyz` answers 200.
@@ -153,6 +138,27 @@ impl Drop for Running {
 
 /// A free port on the loopback (bound once and released: a test that
 /// needs the same address twice, for a restart or a takeover).
+/// A plain-HTTP GET of `path` on a proxy's admin port at `addr`:
+/// (status, body, de-chunked); an error when it does not answer.
+pub async fn admin_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line: {out:?}")))?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, dechunk(&body)))
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -19,7 +19,6 @@
 //! same recorded RV always to the same sim RV, order preserved — except
 //! list RVs, which in the real server include writes to other resources and
 //! are only checked to be at least the RV of every item.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,9 +29,9 @@ use http::Method;
 use kube_apiserver_sim::Sim;
 use serde_json::{Value, json};
 
-use super::{Client, Next, QUIET, Resp, SOON};
+use crate::{Client, Next, QUIET, Resp, SOON};
 
-pub const FIXTURE: &str = include_str!("../fixtures/real-apiserver-v1.36.json");
+pub const FIXTURE: &str = include_str!("../../../tests/fixtures/real-apiserver-v1.36.json");
 
 /// Recorded RV → sim RV, checked to stay consistent and order-preserving.
 #[derive(Default)]

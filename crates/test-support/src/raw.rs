@@ -5,7 +5,6 @@
 //! a test sees exactly what a server wrote: the status line, every header,
 //! the body (chunked encoding removed). Also opens WebSocket connections
 //! over TLS with `tokio-tungstenite`.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use super::client::{Auth, tls_config};
+use crate::client::{Auth, tls_config};
 
 /// One server reached over TLS with one identity.
 #[derive(Clone)]

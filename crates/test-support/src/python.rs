@@ -1,6 +1,5 @@
 //! The Python `kubernetes` client (`tests/python/`, from PyPI, installed
 //! into a virtualenv under the test's target directory).
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,8 +9,8 @@ use std::time::Duration;
 /// under the test binary's target directory; `None` (the test skips, and
 /// says why) where python3, its venv module or PyPI is unavailable.
 pub fn python() -> Option<PathBuf> {
-    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/requirements.txt");
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-clients");
+    let requirements = crate::repo().join("tests/python/requirements.txt");
+    let venv = crate::target_tmpdir().join("python-clients");
     let python = venv.join("bin/python");
     let stamp = venv.join("requirements.txt");
     if python.exists() && std::fs::read(&stamp).ok() == std::fs::read(&requirements).ok() {
@@ -70,7 +69,7 @@ pub struct PythonRun {
 
 /// `tests/python/list_watch.py KUBECONFIG NAMESPACE COUNT`.
 pub fn list_watch_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/list_watch.py")
+    crate::repo().join("tests/python/list_watch.py")
 }
 
 /// Starts `tests/python/list_watch.py` on `kubeconfig`, waits until it

@@ -9,32 +9,24 @@
 //! as the apiserver answers it: from its watch cache's window.
 //!
 //! Skipped, with one line, where no control plane is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
-use kube_testenv::{ControlPlane, Options};
+use kube_testenv::Options;
 use serde_json::{Value, json};
 use support::cache_configmaps;
 use support::client::Next;
-use support::real::{RealEnv, eventually, metric_sum};
-
-static CONTROL_PLANE: tokio::sync::OnceCell<Option<ControlPlane>> =
-    tokio::sync::OnceCell::const_new();
+use support::real::{Isolated, RealEnv, eventually, metric_sum};
 
 /// A control plane of its own, compacting every 10 s.
-async fn control_plane() -> Option<&'static ControlPlane> {
-    CONTROL_PLANE
-        .get_or_init(|| {
-            ControlPlane::start_or_skip(Options {
-                apiserver_args: vec!["--etcd-compaction-interval=10s".into()],
-                ..Options::default()
-            })
-        })
-        .await
-        .as_ref()
+async fn control_plane() -> Option<Isolated> {
+    Isolated::start(Options {
+        apiserver_args: vec!["--etcd-compaction-interval=10s".into()],
+        ..Options::default()
+    })
+    .await
 }
 
 fn configmap(name: &str) -> Value {
@@ -57,9 +49,10 @@ fn assert_expired(r: &support::Resp, message: &str, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exact_reads_past_compaction_answer_as_the_apiserver() {
-    let Some(cp) = control_plane().await else {
+    let Some(plane) = control_plane().await else {
         return;
     };
+    let cp = plane.cp();
     let env = RealEnv::start_on(cp, cache_configmaps).await;
     let ns = env.namespace("compaction").await;
     let base = format!("/api/v1/namespaces/{ns}/configmaps");

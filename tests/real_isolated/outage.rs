@@ -9,15 +9,15 @@
 //! One test in its own binary: pausing the control plane would disturb any
 //! test sharing it. Skipped, with one line, where no control plane is
 //! available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use kube_testenv::Options;
 use serde_json::{Value, json};
-use support::real::{RealEnv, eventually};
+use support::real::{Isolated, RealEnv, eventually};
 use support::{Next, WatchStream};
 
 fn cm(name: &str, value: &str) -> Value {
@@ -81,9 +81,10 @@ async fn readyz(env: &RealEnv) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cache_rides_out_a_hung_and_a_restarted_apiserver() {
-    let Some(env) = RealEnv::start_with(support::cache_configmaps).await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let env = RealEnv::start_on(plane.cp(), support::cache_configmaps).await;
     let ns = env.namespace("outage").await;
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     for i in 0..3 {

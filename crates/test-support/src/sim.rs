@@ -1,9 +1,8 @@
 //! Identities of the simulated cluster, as clients of the sim itself.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use kube_apiserver_sim::Sim;
 
-use super::client::{Auth, Client};
+use crate::client::{Auth, Client};
 
 /// Who a client is, in the simulated cluster.
 #[derive(Debug, Clone)]

@@ -8,16 +8,16 @@
 //! off.
 //!
 //! Skipped, with one line, where no control plane is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use kube_testenv::Options;
 use serde_json::{Value, json};
 use support::cache_configmaps;
 use support::client::Next;
-use support::real::{RealEnv, metric_sum};
+use support::real::{Isolated, RealEnv, metric_sum};
 
 fn configmap(name: &str, value: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": value}})
@@ -35,14 +35,14 @@ async fn checks(env: &RealEnv, status: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_finds_a_lost_event_and_heals_it() {
     let period = 2;
-    let Some(env) = RealEnv::start_with(|c| {
+    let Some(plane) = Isolated::start(Options::default()).await else {
+        return;
+    };
+    let env = RealEnv::start_on(plane.cp(), |c| {
         cache_configmaps(c);
         c.cache.consistency_check.period_seconds = period;
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let ns = env.namespace("checker").await;
     let base = format!("/api/v1/namespaces/{ns}/configmaps");
     let created = env.create(&base, configmap("a", "old")).await;
@@ -151,17 +151,17 @@ async fn the_checker_finds_a_lost_event_and_heals_it() {
 /// whatever the other tests create.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_cache_of_every_default_kind_checks_out() {
-    let Some(env) = RealEnv::start_with(|c| {
+    let Some(plane) = Isolated::start(Options::default()).await else {
+        return;
+    };
+    let env = RealEnv::start_on(plane.cp(), |c| {
         c.cache.resources = kube_cache_proxy::component::config::CacheConfig::default().resources;
         for r in &mut c.cache.resources {
             r.field_selector = Some("metadata.name=kcp-no-such-object".into());
         }
         c.cache.consistency_check.period_seconds = 1;
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let resources: Vec<String> = env
         .config
         .cache
@@ -205,18 +205,18 @@ async fn an_empty_cache_of_every_default_kind_checks_out() {
 /// duration (`kube_cache_proxy_consistency_check_duration_seconds`), and
 /// what the apiserver served for it (its LIST requests and response
 /// bytes). Run by hand:
-/// `cargo test --all-features --test real_consistency checker_cost -- --ignored --nocapture`.
+/// `cargo test --all-features --test real_isolated consistency::checker_cost -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run by hand"]
 async fn checker_cost() {
-    let Some(env) = RealEnv::start_with(|c| {
+    let Some(plane) = Isolated::start(Options::default()).await else {
+        return;
+    };
+    let env = RealEnv::start_on(plane.cp(), |c| {
         cache_configmaps(c);
         c.cache.consistency_check.period_seconds = 0;
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let ns = env.namespace("checker-cost").await;
     let base = format!("/api/v1/namespaces/{ns}/configmaps");
     let n = 5000;
@@ -244,14 +244,11 @@ async fn checker_cost() {
     }
     drop(env);
     // A proxy checking every 2 s, once the cache holds them all.
-    let Some(env) = RealEnv::start_with(|c| {
+    let env = RealEnv::start_on(plane.cp(), |c| {
         cache_configmaps(c);
         c.cache.consistency_check.period_seconds = 2;
     })
-    .await
-    else {
-        return;
-    };
+    .await;
     let list_bytes = |m: &str| {
         metric_sum(
             m,

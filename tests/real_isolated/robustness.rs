@@ -12,7 +12,6 @@
 //! `kcp-robustness --duration 2700`.
 //!
 //! Skipped, with one line, where no control plane is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 
@@ -21,6 +20,8 @@ use kcp_robustness::run::{Options, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_robustness_run_finds_no_anomaly() {
+    // It starts its own control plane, and its proxies' processes.
+    let _alone = crate::support::real::Isolated::alone().await;
     match kube_testenv::Assets::locate() {
         Err(e @ kube_testenv::AssetsError::Absent { .. }) => {
             eprintln!("skipping: {e}");

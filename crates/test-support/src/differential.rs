@@ -19,14 +19,13 @@
 //! Everything else must be identical: status code, `Content-Type`,
 //! `Cache-Control`, presence of `Retry-After`, and the body byte for byte
 //! as JSON (keys in the same order).
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
 
-use super::client::{Client, Next, Resp, WatchStream};
+use crate::client::{Client, Next, Resp, WatchStream};
 
 /// Replaces runs of digits with `<n>`.
 pub fn norm_digits(s: &str) -> String {

@@ -1,6 +1,5 @@
 //! kubectl as a client of the servers of these tests. Tests using it skip
 //! (with a note) when kubectl is not installed.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Stdio;
 use std::time::Duration;

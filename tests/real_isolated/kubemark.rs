@@ -16,16 +16,15 @@
 //!
 //! Skipped, with one line, where no control plane (or no kubemark) is
 //! available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kube_testenv::{ControlPlane, Morph};
+use kube_testenv::{Morph, Options};
 use serde_json::{Value, json};
-use support::real::{RealEnv, eventually, metric_by_resource, metric_sum};
+use support::real::{Isolated, RealEnv, eventually, metric_by_resource, metric_sum};
 
 const NODE: &str = "hollow-1";
 const PODS: usize = 10;
@@ -72,9 +71,10 @@ fn condition_true(obj: &Value, kind: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hollow_node_runs_through_the_proxy() {
-    let Some(cp) = ControlPlane::shared().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     if !cp.assets().has_kubemark() {
         eprintln!("skipping: no kubemark in {}", cp.assets().dir.display());
         return;
@@ -87,7 +87,7 @@ async fn hollow_node_runs_through_the_proxy() {
     );
     let baseline = apiserver_watches(&admin_direct.get("/metrics").await.text());
 
-    let env = RealEnv::start().await.unwrap();
+    let env = RealEnv::start_on(cp, |_| {}).await;
     let ns = env.namespace("hollow").await;
     env.create(
         &format!("/api/v1/namespaces/{ns}/configmaps"),
@@ -351,9 +351,10 @@ async fn hollow_node_runs_through_the_proxy() {
 async fn an_older_kubelet_runs_its_pods_through_the_proxy() {
     const OLD: &str = "1.34";
     const NODE: &str = "hollow-skew";
-    let Some(cp) = ControlPlane::shared().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     let kubemark = match kube_testenv::Assets::version(OLD) {
         Ok(a) if a.has_kubemark() => a,
         Ok(a) => {
@@ -365,7 +366,7 @@ async fn an_older_kubelet_runs_its_pods_through_the_proxy() {
             return;
         }
     };
-    let env = RealEnv::start().await.unwrap();
+    let env = RealEnv::start_on(cp, |_| {}).await;
     let ns = env.namespace("hollow-skew").await;
     let kubelet_kc = env.proxy_kubeconfig(
         "kubelet-skew",
@@ -477,15 +478,15 @@ async fn a_deployment_runs_on_a_hollow_node_with_the_scheduler_and_controllers()
     const NODE: &str = "hollow-scheduled";
     const REPLICAS: usize = 5;
     // The controllers are the newest version: against an older apiserver
-    // (the version matrix) skip before starting a second control plane
-    // beside the shared one.
+    // (the version matrix) skip before starting a control plane.
     if let Some(v) = kube_testenv::Options::default().wanted_version() {
         eprintln!("skipping: the controllers are not built for kube-apiserver {v}");
         return;
     }
-    let Some(cp) = ControlPlane::start_or_skip(kube_testenv::Options::default()).await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     if !cp.assets().has_kubemark() {
         eprintln!("skipping: no kubemark in {}", cp.assets().dir.display());
         return;
@@ -509,7 +510,6 @@ async fn a_deployment_runs_on_a_hollow_node_with_the_scheduler_and_controllers()
         );
         return;
     }
-    let cp: &'static ControlPlane = Box::leak(Box::new(cp));
     let _controllers = cp.start_controllers().unwrap();
     let env = RealEnv::start_on(cp, |_| {}).await;
     let kubelet_kc = env.proxy_kubeconfig(

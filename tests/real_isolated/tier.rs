@@ -17,20 +17,20 @@
 //! K is 2, or `KCP_TIER_NODES`; the figures (the apiserver's watches, CPU
 //! and memory) are printed. Skipped, with one line, where no control plane
 //! or no kubemark is available.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use apimachinery::pki::Ca;
 use kube_cache_proxy::component::config::{FallbackConfig, IdentityMode};
-use kube_testenv::{ControlPlane, Morph};
+use kube_testenv::{Morph, Options};
 use serde_json::{Value, json};
 use support::env::{Running, tempdir};
 use support::real::{
-    apply, eventually, metric_by_resource, metric_sum, service_account_token, shipped, write,
+    Isolated, apply, eventually, metric_by_resource, metric_sum, service_account_token, shipped,
+    write,
 };
 use support::{Auth, Client};
 
@@ -58,9 +58,10 @@ fn condition_true(obj: &Value, kind: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
-    let Some(cp) = ControlPlane::shared().await else {
+    let Some(plane) = Isolated::start(Options::default()).await else {
         return;
     };
+    let cp = plane.cp();
     if !cp.assets().has_kubemark() {
         eprintln!("skipping: no kubemark in {}", cp.assets().dir.display());
         return;
@@ -77,18 +78,18 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
     );
     apply(
         &admin,
-        include_str!("../manifests/tier/serviceaccount.yaml"),
+        include_str!("../../manifests/tier/serviceaccount.yaml"),
     )
     .await;
-    apply(&admin, include_str!("../manifests/tier/rbac.yaml")).await;
+    apply(&admin, include_str!("../../manifests/tier/rbac.yaml")).await;
     if !cp.has_constrained_impersonation() {
         apply(
             &admin,
-            include_str!("../manifests/tier/rbac-legacy-impersonation.yaml"),
+            include_str!("../../manifests/tier/rbac-legacy-impersonation.yaml"),
         )
         .await;
     }
-    apply(&admin, include_str!("../manifests/node/rbac.yaml")).await;
+    apply(&admin, include_str!("../../manifests/node/rbac.yaml")).await;
     let baseline = apiserver_watches(&admin.get("/metrics").await.text());
 
     // The tier, as its ServiceAccount.

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use apimachinery::pki::Ca;
 use kube_testenv::ControlPlane;
 
-use super::{Auth, Client};
+use crate::{Auth, Client};
 
 /// The binary, started with a shipped configuration (unchanged) and, for
 /// what only exists on a node, flags: loopback ports, certificate files,
@@ -60,7 +60,7 @@ impl Binary {
         no_capabilities: bool,
         env: &[(&str, &str)],
     ) -> Binary {
-        let dir = super::env::tempdir();
+        let dir = crate::env::tempdir();
         let upstream_kubeconfig = kubeconfig(&dir);
         let ca = Ca::new("lp-binary").unwrap();
         let serving = ca
@@ -73,7 +73,7 @@ impl Binary {
         };
         let free = || kube_testenv::free_port().unwrap();
         let (port, admin_port, metrics_port) = (free(), free(), free());
-        let bin = env!("CARGO_BIN_EXE_kube-cache-proxy");
+        let bin = crate::proxy_binary();
         let mut command = if no_capabilities && can_drop_capabilities() {
             let mut c = tokio::process::Command::new("setpriv");
             c.args([
@@ -81,15 +81,15 @@ impl Binary {
                 "--inh-caps=-all",
                 "--ambient-caps=-all",
                 "--",
-                bin,
-            ]);
+            ])
+            .arg(&bin);
             c
         } else {
             tokio::process::Command::new(bin)
         };
         let child = command
             .arg("--config")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(config))
+            .arg(crate::repo().join(config))
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
