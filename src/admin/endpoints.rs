@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::resource::ResourceCache;
 use crate::component::metrics::Metrics;
 use crate::component::ready::Readiness;
+use crate::server::accept;
 use crate::server::tls::ServerTls;
 use apimachinery::body::{self, Body};
 
@@ -59,18 +60,7 @@ impl Admin {
     /// The admin port stays up during the drain so probes see not-ready.
     pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) {
         let admin = Arc::new(self);
-        loop {
-            let (tcp, _) = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(error) => {
-                        tracing::warn!(%error, "admin accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
+        while let Some((tcp, _)) = accept::next(&listener, &shutdown, "admin").await {
             let admin = admin.clone();
             let shutdown = shutdown.clone();
             tokio::spawn(async move {

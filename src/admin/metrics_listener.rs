@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::endpoints::Admin;
 use crate::auth::access::{Attributes, Decision, forbidden};
 use crate::auth::{Auth, AuthFailure, ClientCertificate, Credential};
+use crate::server::accept;
 use crate::server::serve::client_certificate;
 use crate::server::tls::ServerTls;
 use apimachinery::body::Body;
@@ -42,8 +43,6 @@ use apimachinery::status::Status;
 const ALWAYS_ALLOWED: &[&str] = &["/healthz", "/livez", "/readyz"];
 /// Connections served at once (Prometheus needs one or two).
 const MAX_CONNECTIONS: usize = 64;
-/// Bound on a client's TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on reading an HTTP/1.1 request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -75,28 +74,18 @@ impl MetricsListener {
                     Err(_) => return,
                 },
             };
-            let (tcp, _) = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(error) => {
-                        tracing::warn!(%error, "metrics accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
+            let Some((tcp, _)) = accept::next(&listener, &shutdown, "metrics").await else {
+                return;
             };
             let (this, acceptor, shutdown) = (this.clone(), acceptor.clone(), shutdown.clone());
             tokio::spawn(async move {
                 let _permit = permit;
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(error)) => {
+                let tls = match accept::handshake(&acceptor, tcp).await {
+                    Ok(tls) => tls,
+                    Err(error) => {
                         tracing::debug!(%error, "metrics TLS handshake failed");
                         return;
                     }
-                    Err(_) => return,
                 };
                 let cert = Arc::new(client_certificate(
                     &this.tls,

@@ -9,6 +9,7 @@
 //! [`websocket`]), and everything else goes to the apiserver untouched by
 //! [`passthrough`].
 
+pub mod accept;
 pub mod coalesce;
 pub mod conns;
 pub mod handler;

@@ -26,13 +26,12 @@ use tracing::Instrument;
 
 use crate::auth::{ClientCertificate, UserInfo};
 use crate::component::metrics::Metrics;
+use crate::server::accept;
 use crate::server::coalesce::{Coalesced, Polls};
 use crate::server::conns::{ConnHandle, Limits, Registry, token_client, too_many_requests};
 use crate::server::handler::{ConnInfo, Handler};
 use crate::server::tls::ServerTls;
 
-/// Bound on a client's TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on reading an HTTP/1.1 request's headers, the first request's
 /// included: kube-apiserver's `ReadHeaderTimeout` (32 s) closes a
 /// connection that sends nothing.
@@ -87,19 +86,7 @@ pub async fn serve(
     // in a tight loop for as long as the connection lived.
     let h2_drain = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    loop {
-        let (tcp, remote) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(error) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((tcp, remote)) = accept::next(&listener, &shutdown, "clients").await {
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let server_tls = server_tls.clone();
@@ -112,23 +99,14 @@ pub async fn serve(
         let span = tracing::debug_span!("conn", client.addr = %remote);
         tasks.spawn(
             async move {
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(error)) => {
+                let tls = match accept::handshake(&acceptor, tcp).await {
+                    Ok(tls) => tls,
+                    Err(error) => {
                         metrics
                             .tls_handshake_errors
-                            .with_label_values(&["error"])
+                            .with_label_values(&[error.reason()])
                             .inc();
                         tracing::debug!(%error, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        metrics
-                            .tls_handshake_errors
-                            .with_label_values(&["timeout"])
-                            .inc();
-                        tracing::debug!("TLS handshake timed out");
                         return;
                     }
                 };
