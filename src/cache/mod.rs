@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod negotiate;
 pub mod object;
 pub mod persist;
+pub mod probe;
 pub mod query;
 pub mod reflector;
 pub mod resource;

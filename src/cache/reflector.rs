@@ -36,6 +36,7 @@ use super::compaction::Verdict;
 use super::event::EventType;
 use super::object::CachedObject;
 use super::persist::Snapshots;
+use super::probe::{PROBE_TIMEOUT, ProbeError};
 use super::resource::{ResourceCache, ResourceInfo, Resumed};
 
 /// Items per upstream list page.
@@ -122,48 +123,6 @@ enum Kind {
 /// Most rolling progress watches open at once per resource (each lasts
 /// at most 3 s and one starts a second).
 const MAX_ROLLING: usize = 4;
-
-/// How long a consistency probe may take. It is a `limit=1` list, which
-/// an idle apiserver answers in milliseconds; a loaded one queues it in
-/// API Priority and Fairness for up to a quarter of its request timeout
-/// (15 s by default) before answering `429`, and the read it proves would
-/// wait in the same queue if passed through, at the cost of a relist. So
-/// the probe waits long enough to ride out a loaded apiserver, and what
-/// still gets no answer is busy ([`ProbeError::Unanswered`]).
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Why a consistency probe gave no resourceVersion to wait for.
-///
-/// When upstream shed it or did not answer ([`ProbeError::is_busy`]), the
-/// read it was for is answered with an error to retry (`429` or `503`,
-/// `Retry-After: 1`), never passed through, since a pass-through would
-/// cost an overloaded apiserver a whole list where the probe cost it one
-/// object (seen in a mass restart of 50 hollow nodes: docs/performance.md,
-/// section (k)). Any other failure passes the read through.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProbeError {
-    /// Upstream shed it: `429`, API Priority and Fairness's answer when a
-    /// request waited out its queue.
-    #[error("upstream busy: {0}")]
-    Shed(String),
-    /// No answer within [`PROBE_TIMEOUT`].
-    #[error("upstream busy: no answer in {PROBE_TIMEOUT:?}")]
-    Unanswered,
-    /// Upstream's current resourceVersion is below the cache's: its
-    /// history went back ([`super::resource::ResourceCache::rewound`]).
-    #[error("upstream's current resourceVersion is below the cache's: its history went back")]
-    Rewound,
-    /// Anything else: refused, an error status, an unreadable answer.
-    #[error("{0}")]
-    Failed(String),
-}
-
-impl ProbeError {
-    /// Whether upstream shed the probe or left it unanswered.
-    pub fn is_busy(&self) -> bool {
-        matches!(self, ProbeError::Shed(_) | ProbeError::Unanswered)
-    }
-}
 
 /// A probe's outcome, at most [`PROBE_TIMEOUT`] away.
 async fn bounded_probe<T>(
@@ -913,7 +872,7 @@ mod tests {
 
     /// A probe upstream sheds (`429`) is busy (the read is then answered,
     /// not passed through); any other failure is not. (One left
-    /// unanswered: `tests/real_outage.rs`, a hung apiserver.)
+    /// unanswered: `tests/real_isolated/outage.rs`, a hung apiserver.)
     #[tokio::test]
     async fn shed_probes_are_busy() {
         let status = |status| async move {

@@ -24,7 +24,7 @@ use super::event::EventType;
 use super::metrics::ResourceMetrics;
 use super::negotiate::Representation;
 use super::object::CachedObject;
-use super::reflector::ProbeError;
+use super::probe::ProbeError;
 use super::store::{Objects, Outcome, Settings, State};
 
 /// What the cache knows about its resource.

@@ -64,8 +64,9 @@ use super::encode;
 use super::filter::Filter;
 use super::list;
 use super::negotiate::{Encoding, ErrorEncoding, Negotiated, Verb, negotiate};
+use super::probe::{PROBE_TIMEOUT, ProbeError};
 use super::query::{self, ListOptions, Match, QueryError};
-use super::reflector::{self, ProbeError, probe_compaction, probe_rv};
+use super::reflector::{probe_compaction, probe_rv};
 use super::resource::ResourceCache;
 use super::store::Start;
 use super::watcher::{self, WatchParams};
@@ -285,7 +286,7 @@ fn busy(error: &ProbeError) -> Option<Status> {
         ProbeError::Unanswered => Some(
             Status::service_unavailable(format!(
                 "the apiserver did not answer a consistency check in {:?}",
-                reflector::PROBE_TIMEOUT
+                PROBE_TIMEOUT
             ))
             .with_details(retry),
         ),

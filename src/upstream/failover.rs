@@ -266,7 +266,7 @@ impl Upstream {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    () = super::balance::probe_round(&site, &balancer, interval) => {}
+                    () = super::discover::probe_round(&site, &balancer, interval) => {}
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,

@@ -39,6 +39,7 @@ pub mod identity;
 
 mod balance;
 mod connect;
+mod discover;
 mod error;
 mod failover;
 mod kubeconfig;
