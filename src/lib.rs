@@ -314,7 +314,7 @@ pub async fn run(
 
     let connected = upstream::connect(&config.upstream, &config.node_name).await?;
     let upstream::IdentityChecks {
-        mut refused,
+        refused,
         node_impersonation,
     } = connected.spawn_identity_checks(&readiness, &token);
     tls.spawn_reloader(TLS_RELOAD_INTERVAL, token.clone());
@@ -377,22 +377,6 @@ pub async fn run(
     )
     .with_node_impersonation(node_impersonation);
 
-    let ready_timeout = Duration::from_secs(config.takeover.ready_timeout_seconds);
-    let mut shutdown = std::pin::pin!(shutdown);
-    if let Some(predecessor) = listeners.predecessor.take() {
-        let taken = take_over(
-            predecessor,
-            &readiness,
-            ready_timeout,
-            &mut shutdown,
-            &mut refused,
-        )
-        .await;
-        if !matches!(taken, Ok(true)) {
-            return taken.map(|_| ());
-        }
-    }
-
     App {
         listeners,
         metrics_server,
@@ -405,7 +389,7 @@ pub async fn run(
         readiness,
         token,
     }
-    .serve(&config, shutdown, refused)
+    .serve(&config, std::pin::pin!(shutdown), refused)
     .await
 }
 
@@ -493,8 +477,10 @@ struct App {
 }
 
 impl App {
-    /// Serves until `shutdown` completes, a successor takes over, or the
-    /// apiserver refuses the proxy's identity (`refused`); then drains.
+    /// Takes over from a predecessor, when there is one, once the caches
+    /// are ready; then serves until `shutdown` completes, a successor takes
+    /// over, or the apiserver refuses the proxy's identity (`refused`);
+    /// then drains.
     async fn serve(
         self,
         config: &Config,
@@ -502,7 +488,7 @@ impl App {
         mut refused: Refused,
     ) -> Result<(), RunError> {
         let App {
-            listeners,
+            mut listeners,
             metrics_server,
             offer,
             admin,
@@ -513,8 +499,21 @@ impl App {
             readiness,
             token,
         } = self;
-        let admin_token = CancellationToken::new();
         let ready_timeout = Duration::from_secs(config.takeover.ready_timeout_seconds);
+        if let Some(predecessor) = listeners.predecessor.take() {
+            let taken = take_over(
+                predecessor,
+                &readiness,
+                ready_timeout,
+                &mut shutdown,
+                &mut refused,
+            )
+            .await;
+            if !matches!(taken, Ok(true)) {
+                return taken.map(|_| ());
+            }
+        }
+        let admin_token = CancellationToken::new();
         let persister_task = persister.clone().map(|p| {
             let interval = Duration::from_secs(config.cache.persistence.interval_seconds);
             tokio::spawn(p.run(interval, token.clone()))
