@@ -70,14 +70,7 @@ impl Client {
     /// A client of `base` trusting `ca_pem`; HTTP/2 when `h2`.
     pub fn new(base: &str, ca_pem: &str, auth: Auth, h2: bool) -> Result<Client> {
         let cfg = tls_config(ca_pem, &auth)?;
-        let builder = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(cfg.clone())
-            .https_only();
-        let connector = if h2 {
-            builder.enable_http2().build()
-        } else {
-            builder.enable_http1().build()
-        };
+        let connector = kube_testenv::tls::https_connector(cfg.clone(), h2);
         let mut b = HyperClient::builder(TokioExecutor::new());
         b.http2_only(h2).pool_max_idle_per_host(4);
         Ok(Client {

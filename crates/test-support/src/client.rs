@@ -173,15 +173,7 @@ pub fn tls_config(ca_pem: &str, auth: &Auth) -> rustls::ClientConfig {
 impl Client {
     /// A client of `base` (`https://host:port`) trusting `ca_pem`.
     pub fn new(base: &str, ca_pem: &str, auth: Auth, h2: bool) -> Client {
-        let cfg = tls_config(ca_pem, &auth);
-        let builder = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(cfg)
-            .https_only();
-        let connector = if h2 {
-            builder.enable_http2().build()
-        } else {
-            builder.enable_http1().build()
-        };
+        let connector = kube_testenv::tls::https_connector(tls_config(ca_pem, &auth), h2);
         let mut b = HyperClient::builder(TokioExecutor::new());
         b.http2_only(h2);
         Client {

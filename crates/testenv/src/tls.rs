@@ -1,10 +1,13 @@
 //! The TLS side of a test's client: a rustls configuration that trusts a
 //! control plane's (or a proxy's) CA and presents a client certificate
-//! issued by it, for the proxy's tests and the robustness run alike.
+//! issued by it, and the HTTPS connector of a hyper client with it, for
+//! the proxy's tests and the robustness run alike.
 
 use std::sync::Arc;
 
 use apimachinery::pki::Issued;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -45,4 +48,17 @@ pub fn client_config(
         }
         None => builder.with_no_client_auth(),
     })
+}
+
+/// The connector of a hyper client for `https://` URLs only, with
+/// `config`, speaking HTTP/2 when `h2`, else HTTP/1.1.
+pub fn https_connector(config: rustls::ClientConfig, h2: bool) -> HttpsConnector<HttpConnector> {
+    let builder = HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_only();
+    if h2 {
+        builder.enable_http2().build()
+    } else {
+        builder.enable_http1().build()
+    }
 }
