@@ -16,7 +16,7 @@ use crate::validate::{self, Anomaly, Property, WatcherState};
 use super::epoch::{Ended, Epoch, wait_served};
 use super::report::Report;
 use super::setup::{Options, watcher_specs};
-use super::sources::{final_list, first_difference, relists};
+use super::sources::{final_list, final_state, relists};
 
 /// Per watcher, the apiserver's consistent list of its filter at the end:
 /// (resourceVersion, each object's resourceVersion), or why not.
@@ -351,10 +351,7 @@ async fn validate_epoch(
         let Some((final_rev, finals)) = finals else {
             continue;
         };
-        // Final state: the watcher caught up with every change of its own
-        // made before the writes stopped, and what it holds equals the
-        // apiserver's consistent list (when nothing of its own changed
-        // since its last resourceVersion).
+        // Final state ([`final_state`]).
         if let (Some(st), Some(spec)) = (&state, specs.iter().find(|s| &s.name == name)) {
             match finals
                 .get(name)
@@ -362,34 +359,8 @@ async fn validate_epoch(
                 .unwrap_or_else(|| Err("not taken".into()))
             {
                 Ok((list_rv, items)) => {
-                    let list_rv = list_rv.min(reference.head());
-                    let need = reference
-                        .expected(&spec.filter, 0, final_rev)
-                        .last()
-                        .map_or(0, |e| e.2);
-                    let at_list = reference.state_at(&spec.filter, list_rv);
-                    let anomaly = if at_list != items {
-                        Some(format!(
-                            "the reference disagrees with the apiserver's list at {list_rv} (first difference {}): a harness bug",
-                            first_difference(&at_list, &items)
-                        ))
-                    } else if st.rv < need {
-                        Some(format!(
-                            "{}: behind at the end: its last resourceVersion {} is below its last change {need}",
-                            spec.filter, st.rv
-                        ))
-                    } else if reference.expected(&spec.filter, st.rv, list_rv).is_empty()
-                        && st.state != items
-                    {
-                        Some(format!(
-                            "{}: state at {} differs from a consistent list at {list_rv}: {}",
-                            spec.filter,
-                            st.rv,
-                            first_difference(&st.state, &items)
-                        ))
-                    } else {
-                        None
-                    };
+                    let anomaly =
+                        final_state(reference, &spec.filter, st, final_rev, list_rv, &items);
                     if let Some(detail) = anomaly {
                         report.add(Anomaly {
                             property: Property::FinalState,
