@@ -137,6 +137,15 @@ pub fn bump_and_compact(port: u16, target: u64) -> io::Result<u64> {
     Ok(head)
 }
 
+/// Whether the member at `port` answers and knows a leader: after a
+/// restart, that it has rejoined its cluster.
+pub fn knows_leader(port: u16) -> io::Result<bool> {
+    let v = Conn::open(port)?.call("/v3/maintenance/status", &json!({}))?;
+    Ok(v["leader"]
+        .as_str()
+        .is_some_and(|l| !l.is_empty() && l != "0"))
+}
+
 /// Whether the member at `port` leads its cluster now.
 pub fn is_leader(port: u16) -> io::Result<bool> {
     let v = Conn::open(port)?.call("/v3/maintenance/status", &json!({}))?;

@@ -689,6 +689,12 @@ impl ControlPlane {
             .position(|m| etcd::is_leader(m.client_port).unwrap_or(false))
     }
 
+    /// Whether etcd member `i` answers and knows its cluster's leader
+    /// (after [`ControlPlane::start_etcd_member`]: that it has rejoined).
+    pub fn etcd_member_joined(&self, i: usize) -> bool {
+        etcd::knows_leader(self.members[i].client_port).unwrap_or(false)
+    }
+
     /// Kills etcd member `i` (`SIGKILL`), leaving it down.
     pub fn kill_etcd_member(&self, i: usize) {
         let _ = self.members[i].with(Process::kill);

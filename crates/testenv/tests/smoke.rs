@@ -136,11 +136,21 @@ async fn a_highly_available_control_plane() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     cp.start_etcd_member(leader).unwrap();
+    // Rejoined before another member stops: with two of three down the
+    // cluster has no quorum.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cp.etcd_member_joined(leader) || cp.etcd_leader().is_none() {
+        assert!(Instant::now() < deadline, "the old leader does not rejoin");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // A stopped member: its apiserver's watch cache falls behind the
     // others' (kube-apiserver v1.36.2 still answers `resourceVersion=0`
     // from it, and `/readyz` ok; a read at a newer resourceVersion waits
-    // past 20 s), and catches up once the member is back.
+    // past 20 s), and catches up once the member is back. The member
+    // stopped is one that does not lead, so that the write is not also
+    // waiting out an election (etcd answers "request timed out, possibly
+    // due to previous leader failure" meanwhile).
     let list_rv = |i: usize| {
         let get = &get;
         async move {
@@ -158,19 +168,28 @@ async fn a_highly_available_control_plane() {
                 .unwrap()
         }
     };
-    cp.kill_etcd_member(1);
-    let rv = create(0, "ha-c").await;
+    let now_leading = cp.etcd_leader().expect("a leader once all three serve");
+    let lagging = (0..3).find(|&i| i != now_leading).unwrap();
+    let writer = (lagging + 1) % 3;
+    cp.kill_etcd_member(lagging);
+    let rv = create(writer, "ha-c").await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while list_rv(0).await < rv {
+    while list_rv(writer).await < rv {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(list_rv(1).await < rv, "apiserver 1 lags behind");
-    assert_eq!(get(1, "/readyz".into()).await.unwrap(), "ok");
-    cp.start_etcd_member(1).unwrap();
+    assert!(
+        list_rv(lagging).await < rv,
+        "apiserver {lagging} lags behind"
+    );
+    assert_eq!(get(lagging, "/readyz".into()).await.unwrap(), "ok");
+    cp.start_etcd_member(lagging).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while list_rv(1).await < rv {
-        assert!(Instant::now() < deadline, "apiserver 1 does not catch up");
+    while list_rv(lagging).await < rv {
+        assert!(
+            Instant::now() < deadline,
+            "apiserver {lagging} does not catch up"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Another minor version beside the others.
