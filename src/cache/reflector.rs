@@ -825,7 +825,7 @@ pub fn probe_compaction(
     }
     let reads_as = info.reads_as.clone();
     let probe = async move {
-        match get(&upstream, &q, reads_as.as_ref()).await {
+        match get_accepting(&upstream, &q, reads_as.as_ref(), Some(PROBE_ACCEPT)).await {
             Ok(resp) => {
                 // Read to the end, so the connection is reused.
                 read_body(resp).await?;
@@ -838,9 +838,26 @@ pub fn probe_compaction(
     async move { bounded_probe(probe).await.map_err(|e| e.to_string()) }.boxed()
 }
 
+/// What a probe accepts: the list's metadata, with its one item's metadata
+/// alone (`PartialObjectMetadataList`, as client-go's metadata client
+/// asks; handlers/response.go `asPartialObjectMetadataList`),
+/// or plain JSON from a server that cannot convert. A probe needs only
+/// the list's resourceVersion; a Node's or a Pod's spec and status are
+/// most of its bytes.
+const PROBE_ACCEPT: &str =
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json";
+
+/// The part of a probe's answer it reads (`items` is `null` in an empty
+/// `PartialObjectMetadataList`).
+#[derive(Deserialize)]
+struct ProbeBody<'a> {
+    #[serde(borrow)]
+    metadata: ListMeta<'a>,
+}
+
 /// Upstream's current resourceVersion: a `limit=1` list, which on
 /// kube-apiserver 1.31+ is a consistent read served from its own watch
-/// cache, so it is cheap.
+/// cache, so it is cheap; metadata only ([`PROBE_ACCEPT`]).
 pub fn probe_rv(
     upstream: Upstream,
     info: &ResourceInfo,
@@ -854,9 +871,9 @@ pub fn probe_rv(
     }
     let reads_as = info.reads_as.clone();
     let probe = async move {
-        let resp = get(&upstream, &q, reads_as.as_ref()).await?;
+        let resp = get_accepting(&upstream, &q, reads_as.as_ref(), Some(PROBE_ACCEPT)).await?;
         let bytes = read_body(resp).await?;
-        let page: ListBody<'_> =
+        let page: ProbeBody<'_> =
             serde_json::from_slice(&bytes).map_err(|e| ReflectorError::Malformed(e.to_string()))?;
         page.metadata
             .resource_version

@@ -161,6 +161,21 @@ async fn consistent_reads_of_a_quiet_resource_are_served_after_a_progress_watch(
         lists_before + 1,
         "one limit=1 probe, no pass-through"
     );
+    // The probe reads the list's resourceVersion and asks for metadata
+    // only, not its item's spec and status.
+    let probe = env
+        .sim
+        .requests()
+        .into_iter()
+        .rfind(|r| r.verb == "list" && r.resource == "configmaps")
+        .unwrap();
+    assert!(probe.query.split('&').any(|p| p == "limit=1"), "{probe:?}");
+    assert!(
+        probe
+            .accept
+            .starts_with("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"),
+        "{probe:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(3));
     assert!(
         metric(

@@ -87,6 +87,9 @@ pub struct CompareArgs {
     /// The proxy's `cache.protobufCacheMib` (default: its own, 64).
     #[arg(long)]
     protobuf_cache_mib: Option<u64>,
+    /// The proxy's `cache.protobufCachePercent` (default: its own, 5).
+    #[arg(long)]
+    protobuf_cache_percent: Option<u64>,
 }
 
 /// One figure on both sides.
@@ -160,6 +163,7 @@ pub async fn compare(a: &CompareArgs) -> Result<()> {
             watcher_buffer: None,
             consistent_list_wait_ms: a.consistent_list_wait_ms,
             protobuf_cache_mib: a.protobuf_cache_mib,
+            protobuf_cache_percent: a.protobuf_cache_percent,
             ..Tuning::default()
         },
         Some(&a.proxy_bin),

@@ -69,6 +69,8 @@ pub struct Tuning {
     pub consistent_list_wait_ms: Option<u64>,
     /// `cache.protobufCacheMib`.
     pub protobuf_cache_mib: Option<u64>,
+    /// `cache.protobufCachePercent`.
+    pub protobuf_cache_percent: Option<u64>,
     /// `cache.progressWatchRollSeconds`.
     pub progress_roll_seconds: Option<u64>,
 }
@@ -267,6 +269,9 @@ impl RunningProxy {
                 if let Some(mib) = tuning.protobuf_cache_mib {
                     config.cache.protobuf_cache_mib = mib;
                 }
+                if let Some(pct) = tuning.protobuf_cache_percent {
+                    config.cache.protobuf_cache_percent = pct;
+                }
                 config.validate()?;
                 let listeners = Listeners::bind(&config).await?;
                 let port = listeners.api.local_addr()?.port();
@@ -454,6 +459,9 @@ fn proxy_yaml(
     }
     if let Some(mib) = tuning.protobuf_cache_mib {
         buffer.push_str(&format!("  protobufCacheMib: {mib}\n"));
+    }
+    if let Some(pct) = tuning.protobuf_cache_percent {
+        buffer.push_str(&format!("  protobufCachePercent: {pct}\n"));
     }
     if let Some(s) = tuning.progress_roll_seconds {
         buffer.push_str(&format!("  progressWatchRollSeconds: {s}\n"));
