@@ -167,6 +167,21 @@ async fn lists_and_gets_match_the_apiserver() {
         served_from_cache(&env, "configmaps").await - before >= 20.0,
         "the configmap reads were served from the cache"
     );
+    // The consistent lists above were proven fresh by consistency probes,
+    // which ask for metadata only (`as=PartialObjectMetadataList`, JSON as
+    // the fallback): this apiserver answers them and the proxy reads a
+    // resourceVersion from each. A probe that failed would only have made
+    // its list pass through, which `same` cannot tell.
+    let m = env.proxy_metrics().await;
+    let probes = |result: &str| {
+        metric_sum(
+            &m,
+            "kube_cache_proxy_cache_consistency_probes_total",
+            &[("resource", "configmaps"), ("result", result)],
+        )
+    };
+    assert!(probes("ok") >= 1.0, "no consistency probe answered");
+    assert!(probes("error") == 0.0, "a consistency probe failed");
 
     // Pagination: each follows its own continue tokens.
     for start in [

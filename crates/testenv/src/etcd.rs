@@ -137,18 +137,24 @@ pub fn bump_and_compact(port: u16, target: u64) -> io::Result<u64> {
     Ok(head)
 }
 
+/// The member at `port`'s `/v3/maintenance/status`: its own ID
+/// (`header.member_id`) and its leader's (`leader`, `"0"` or absent while
+/// it knows none), as etcd's JSON gateway prints uint64s, strings.
+fn status(port: u16) -> io::Result<(String, String)> {
+    let v = Conn::open(port)?.call("/v3/maintenance/status", &json!({}))?;
+    let id = |x: &Value| x.as_str().unwrap_or_default().to_string();
+    Ok((id(&v["header"]["member_id"]), id(&v["leader"])))
+}
+
 /// Whether the member at `port` answers and knows a leader: after a
 /// restart, that it has rejoined its cluster.
 pub fn knows_leader(port: u16) -> io::Result<bool> {
-    let v = Conn::open(port)?.call("/v3/maintenance/status", &json!({}))?;
-    Ok(v["leader"]
-        .as_str()
-        .is_some_and(|l| !l.is_empty() && l != "0"))
+    let (_, leader) = status(port)?;
+    Ok(!leader.is_empty() && leader != "0")
 }
 
 /// Whether the member at `port` leads its cluster now.
 pub fn is_leader(port: u16) -> io::Result<bool> {
-    let v = Conn::open(port)?.call("/v3/maintenance/status", &json!({}))?;
-    let member = v["header"]["member_id"].as_str().unwrap_or_default();
-    Ok(!member.is_empty() && v["leader"].as_str() == Some(member))
+    let (member, leader) = status(port)?;
+    Ok(!member.is_empty() && leader == member)
 }
