@@ -257,7 +257,30 @@ async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
         let r = node.get(&path).await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
     }
+    // Consistent lists of the node's own scopes: each is proven fresh by
+    // a probe with the scope and its negation (it selects nothing), which
+    // the Node authorizer must allow as the node's own read.
+    for path in [
+        format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"),
+        format!("/api/v1/nodes?fieldSelector=metadata.name%3D{NODE}"),
+    ] {
+        let r = node.get(&path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
     let (_, metrics) = proxy.admin_get("/metrics").await.unwrap();
+    for resource in ["pods", "nodes"] {
+        let probes = |result: &str| {
+            metric_sum(
+                &metrics,
+                "kube_cache_proxy_cache_consistency_probes_total",
+                &[("resource", resource), ("result", result)],
+            )
+        };
+        assert!(
+            probes("ok") >= 1.0 && probes("error") == 0.0,
+            "{resource}: the consistency probes as the node failed: {metrics}"
+        );
+    }
     for resource in ["services", "endpointslices", "pods"] {
         let served = metric_sum(
             &metrics,

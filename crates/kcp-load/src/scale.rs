@@ -430,6 +430,7 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         None
     } else {
         let m0 = apiserver_metrics(&admin).await?;
+        let p0 = proxies_metrics(&proxies).await;
         let c0 = stats::cpu_of(cp.apiserver_pid()).unwrap_or_default();
         for h in &mut hollows {
             h.stop();
@@ -453,6 +454,7 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
             .await?;
         let converged = t0.elapsed();
         let m1 = apiserver_metrics(&admin).await?;
+        let p1 = proxies_metrics(&proxies).await;
         let c1 = stats::cpu_of(cp.apiserver_pid()).unwrap_or_default();
         let r = Restart {
             converged,
@@ -477,7 +479,6 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
             init_events: growth(&m0, &m1, "apiserver_init_events_total", &[]),
             api_p99: latency_p99(&[(&m0, &m1)]),
         };
-        restart_window = Some((m0, m1));
         println!(
             "mass restart: converged in {:.1}s; apiserver {:.1} CPU s, {} LISTs, {}, watch events {} ({}), {} initial events",
             r.converged.as_secs_f64(),
@@ -493,6 +494,11 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
             r.init_events
         );
         println!("  API call p99 during it, worst: {}", worst(&r.api_p99));
+        print_restart_lists(&m0, &m1);
+        if !proxies.is_empty() {
+            print_proxies_upstream("during the mass restart", &p0, &p1);
+        }
+        restart_window = Some((m0, m1));
         Some(r)
     };
 
@@ -521,7 +527,7 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
 
     let api1 = apiserver_metrics(&admin).await?;
     if !proxies.is_empty() {
-        print_proxies_upstream(&proxies).await;
+        print_proxies_upstream("whole run", &[], &proxies_metrics(&proxies).await);
     }
     let cpu1 = cpus(&cp, &proxies, &tier);
     let n = a.nodes.max(1) as f64;
@@ -619,10 +625,9 @@ fn growth(before: &[Sample], after: &[Sample], name: &str, labels: &[(&str, &str
     metric_sum(after, name, labels) - metric_sum(before, name, labels)
 }
 
-/// What the node proxies asked upstream for and why, over the run: their
-/// consistency probes by result, their authorization reviews that failed,
-/// and the reads they passed through by reason.
-async fn print_proxies_upstream(proxies: &[TierReplica]) {
+/// Every node proxy's metrics, concatenated (a sum over them is the
+/// fleet's); a proxy that does not answer is left out, and said so.
+async fn proxies_metrics(proxies: &[TierReplica]) -> Vec<Sample> {
     let mut all = Vec::new();
     for p in proxies {
         match p.metrics().await {
@@ -630,30 +635,80 @@ async fn print_proxies_upstream(proxies: &[TierReplica]) {
             Err(e) => println!("  a node proxy's metrics: {e}"),
         }
     }
-    let by = |name: &str, label: &str, filter: &[(&str, &str)]| {
-        let kept: Vec<Sample> = all
-            .iter()
-            .filter(|s| s.name == name && filter.iter().all(|(k, v)| s.label(k) == *v))
-            .cloned()
-            .collect();
-        growth_by(&[], &kept, name, label)
+    all
+}
+
+/// The apiserver's LISTs during the mass restart by resource: count and
+/// bytes (`apiserver_request_total`, `apiserver_response_sizes_sum`), the
+/// largest first, to tell whole lists from metadata-only probes.
+fn print_restart_lists(m0: &[Sample], m1: &[Sample]) {
+    let lists: BTreeMap<Vec<String>, f64> =
+        metrics::growth(m0, m1, "apiserver_request_total", &["verb", "resource"])
             .into_iter()
-            .filter(|(_, v)| *v > 0.0)
-            .map(|(k, v)| format!("{k}={v:.0}"))
+            .filter(|(k, _)| k[0] == "LIST")
+            .map(|(k, v)| (vec![k[1].clone()], v))
+            .collect();
+    let mut bytes: Vec<(String, f64)> = metrics::growth(
+        m0,
+        m1,
+        "apiserver_response_sizes_sum",
+        &["verb", "resource"],
+    )
+    .into_iter()
+    .filter(|(k, _)| k[0] == "LIST")
+    .map(|(k, v)| (k[1].clone(), v))
+    .collect();
+    bytes.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!(
+        "  apiserver LISTs during it by resource (count, bytes): {}",
+        bytes
+            .iter()
+            .map(|(r, b)| format!(
+                "{r} {:.0}, {}",
+                lists.get(&vec![r.clone()]).copied().unwrap_or(0.0),
+                stats::mib(*b as u64)
+            ))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+}
+
+/// What the node proxies asked upstream for and why between two
+/// snapshots of [`proxies_metrics`]: their consistency probes by result,
+/// their authorization reviews by result, their own lists (the first and
+/// relists) by resource, and the reads they passed through by reason and
+/// resource.
+fn print_proxies_upstream(when: &str, before: &[Sample], after: &[Sample]) {
+    let by = |name: &str, labels: &[&str], filter: &[(&str, &str)]| {
+        let keep = |samples: &[Sample]| -> Vec<Sample> {
+            samples
+                .iter()
+                .filter(|s| s.name == name && filter.iter().all(|(k, v)| s.label(k) == *v))
+                .cloned()
+                .collect()
+        };
+        metrics::growth(&keep(before), &keep(after), name, labels)
+            .into_iter()
+            .map(|(k, v)| format!("{}={v:.0}", k.join("/")))
             .collect::<Vec<_>>()
             .join(" ")
     };
     println!(
-        "  node proxies: consistency probes {}; authorizations {}; reads passed through by reason {}",
+        "  node proxies, {when}: consistency probes {}; authorizations {}; upstream lists {}; reads passed through by reason {}",
         by(
             "kube_cache_proxy_cache_consistency_probes_total",
-            "result",
+            &["result"],
             &[]
         ),
-        by("kube_cache_proxy_authorization_total", "result", &[]),
+        by("kube_cache_proxy_authorization_total", &["result"], &[]),
+        by(
+            "kube_cache_proxy_upstream_relists_total",
+            &["resource"],
+            &[]
+        ),
         by(
             "kube_cache_proxy_cache_reads_total",
-            "reason",
+            &["reason", "verb", "resource"],
             &[("source", "upstream")]
         ),
     );
