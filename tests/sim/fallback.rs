@@ -32,21 +32,19 @@ async fn metric(running: &Running, name: &str) -> f64 {
 /// The watches of configmaps `running` holds open upstream: its
 /// reflector's, and any progress watch (one a second for a while after a
 /// reader waited for the cache to be fresh, `progress_watch_roll_seconds`).
-async fn configmap_watches(running: &Running) -> i64 {
+async fn configmap_watches(running: &Running) -> f64 {
     let (_, text) = running.admin_get("/metrics").await;
-    text.lines()
-        .filter(|l| {
-            l.starts_with("kube_cache_proxy_upstream_watches{")
-                && l.contains("resource=\"configmaps\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
-        .sum()
+    support::real::metric_sum(
+        &text,
+        "kube_cache_proxy_upstream_watches",
+        &[("resource", "configmaps")],
+    )
 }
 
 /// Whether the apiserver serves no watch of configmaps but `tier`'s.
 async fn only_the_tier_watches(sim: &Sim, tier: &Running) -> bool {
     let open = sim.stats().watches_open("configmaps");
-    configmap_watches(tier).await == open && open == sim.stats().watches_open("configmaps")
+    configmap_watches(tier).await == open as f64 && open == sim.stats().watches_open("configmaps")
 }
 
 async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F)
