@@ -9,10 +9,13 @@
 //! Node authorizer lets kubelet watch only its own node's pods.
 //!
 //! Decisions are cached by the digest of the whole review spec, like the
-//! apiserver's webhook authorizer, but for 5 seconds (allowed) and 10
-//! seconds (denied) by default (not its 5 minutes and 30 s: a revocation must reach cached reads
-//! within seconds); errors are not cached; concurrent misses for the
-//! same spec make one call.
+//! apiserver's webhook authorizer, but allowed ones for 5 seconds by
+//! default (not its 5 minutes: a revocation must reach cached reads within
+//! seconds) and denied ones not at all (not its 30 s: the apiserver's own
+//! authorizers decide every request, and the Node authorizer allows a
+//! kubelet a new pod's Secrets and ConfigMaps a moment after the pod is
+//! bound); errors are not cached; concurrent misses for the same spec make
+//! one call.
 
 use std::time::{Duration, Instant};
 

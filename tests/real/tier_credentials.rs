@@ -36,7 +36,7 @@ use kube_cache_proxy::Listeners;
 use kube_cache_proxy::component::config::Config;
 use kube_testenv::ControlPlane;
 use support::env::{Running, tempdir};
-use support::real::{apply, eventually, service_account_token, shipped, write};
+use support::real::{apply, eventually, namespace, service_account_token, shipped, write};
 use support::{Auth, Client};
 
 const NODE: &str = "cred-node-0";
@@ -283,6 +283,117 @@ async fn a_tier_acts_as_its_nodes_with_any_credential_that_may_impersonate_them(
     ] {
         assert!(message.contains(needle), "{needle:?} in: {message}");
     }
+}
+
+/// The Node authorizer allows a node the Secret of a pod once the pod is
+/// bound to it, a moment after the binding (its graph follows pods by
+/// informer); a kubelet's first read of a new pod's Secret may be denied
+/// ("no relationship found") and is asked again a second later. Through
+/// the tier, that next read is allowed as soon as the apiserver allows it
+/// directly: the denial is not reused (with the 10 s it was reused for
+/// before, a tier's pods waited 10 to 20 s: docs/performance.md, (k)).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_allowed_a_new_pods_secret_through_the_tier_as_soon_as_directly() {
+    let Some(cp) = ControlPlane::shared().await else {
+        return;
+    };
+    let admin = Client::new(
+        &cp.url(),
+        &cp.ca_pem(),
+        Auth::Cert(cp.admin().clone()),
+        false,
+    );
+    apply(
+        &admin,
+        include_str!("../../manifests/tier/serviceaccount.yaml"),
+    )
+    .await;
+    apply(&admin, include_str!("../../manifests/tier/rbac.yaml")).await;
+    if !cp.has_constrained_impersonation() {
+        apply(
+            &admin,
+            include_str!("../../manifests/tier/rbac-legacy-impersonation.yaml"),
+        )
+        .await;
+    }
+    let ns = "kcp-graph";
+    namespace(&admin, ns).await;
+    let r = admin
+        .post_json(
+            &format!("/api/v1/namespaces/{ns}/secrets"),
+            &serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                                "metadata": {"name": "graph-secret"}, "stringData": {"k": "v"}}),
+        )
+        .await;
+    assert!(r.status == 201 || r.status == 409, "{}", r.text());
+
+    let dir = tempdir();
+    let ca = Ca::new("tier-ca").unwrap();
+    let upstream = service_account(cp, &admin, "kube-cache-proxy-tier").await;
+    let mut tier = Running::start(&tier_config(cp, &dir, &ca, &upstream)).await;
+    tier.ready().await;
+    let node_name = "graph-node-0";
+    let cert = cp
+        .issue_client(&format!("system:node:{node_name}"), Some("system:nodes"))
+        .unwrap();
+    let via_tier = Client::new(&tier.url, &ca.cert_pem(), Auth::Cert(cert.clone()), false);
+    let direct = Client::new(&cp.url(), &cp.ca_pem(), Auth::Cert(cert), false);
+    // The kubelet's per-object list, from the tier's cache once allowed.
+    let path = format!(
+        "/api/v1/namespaces/{ns}/secrets?fieldSelector=metadata.name%3Dgraph-secret&resourceVersion=0"
+    );
+    for client in [&direct, &via_tier, &via_tier] {
+        let r = client.get(&path).await;
+        assert_eq!(
+            r.status,
+            403,
+            "no pod of the node mounts it yet: {}",
+            r.text()
+        );
+        assert!(
+            r.text().contains("no relationship found between node"),
+            "{}",
+            r.text()
+        );
+    }
+
+    let r = admin
+        .post_json(
+            &format!("/api/v1/namespaces/{ns}/pods"),
+            &serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "graph-pod"},
+                "spec": {"nodeName": node_name, "automountServiceAccountToken": false,
+                         "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                         "volumes": [{"name": "s", "secret": {"secretName": "graph-secret"}}]}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let direct_allowed = eventually(Duration::from_secs(10), "the apiserver allowing it", || {
+        let (direct, path) = (&direct, &path);
+        async move { (direct.get(path).await.status == 200).then(std::time::Instant::now) }
+    })
+    .await;
+    let r = via_tier.get(&path).await;
+    assert_eq!(
+        r.status,
+        200,
+        "the next read through the tier, {:?} after the apiserver allowed it: {}",
+        direct_allowed.elapsed(),
+        r.text()
+    );
+    assert_eq!(r.json()["items"][0]["metadata"]["name"], "graph-secret");
+    let (_, metrics) = tier.admin_get("/metrics").await;
+    assert!(
+        support::real::metric_sum(
+            &metrics,
+            "kube_cache_proxy_authorization_total",
+            &[("result", "denied"), ("source", "upstream")],
+        ) >= 2.0,
+        "both denials were the apiserver's own answers: {metrics}"
+    );
+    let _ = admin
+        .delete(&format!("/api/v1/namespaces/{ns}/pods/graph-pod"))
+        .await;
+    tier.stop().await.unwrap();
 }
 
 /// A ServiceAccount with the shipped tier's rights (constrained

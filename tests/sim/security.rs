@@ -264,6 +264,44 @@ async fn revoked_permissions_and_tokens_stop_working_within_their_ttl() {
     }
 }
 
+/// With the shipped settings a denial is not reused: a permission granted
+/// after a denied read applies to the very next one, as at the apiserver
+/// (the Node authorizer's graph allows a kubelet a new pod's Secrets a
+/// moment after the pod is bound, and the kubelet asks again a second
+/// later).
+#[tokio::test]
+async fn a_denial_is_decided_again_at_the_next_request() {
+    let env = Env::start_with(Default::default(), support::cache_configmaps).await;
+    env.sim
+        .create(&gvr("configmaps"), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}}))
+        .unwrap();
+    env.ready().await;
+    env.sim.add_token("erin-token", UserInfo::new("erin", &[]));
+    let erin = env.proxy(Auth::Token("erin-token".into()));
+    let path = "/api/v1/namespaces/ns/configmaps?resourceVersion=0";
+    let before = env.sim.stats();
+    assert_eq!(erin.get(path).await.status, 403);
+    assert_eq!(erin.get(path).await.status, 403);
+    env.sim.policy().grant(
+        Subject::User("erin".into()),
+        Rule::new(&["list"], &[""], &["configmaps"]).in_namespaces(&["ns"]),
+    );
+    let r = erin.get(path).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let after = env.sim.stats();
+    assert_eq!(
+        after.count("create", "subjectaccessreviews")
+            - before.count("create", "subjectaccessreviews"),
+        3,
+        "each read reviewed"
+    );
+    assert_eq!(
+        after.lists("configmaps"),
+        before.lists("configmaps"),
+        "served from the cache"
+    );
+}
+
 #[tokio::test]
 async fn decisions_are_cached_and_concurrent_misses_coalesce() {
     let env = env().await;

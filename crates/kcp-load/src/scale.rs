@@ -104,6 +104,11 @@ pub struct ScaleArgs {
     /// Skip the mass restart.
     #[arg(long)]
     no_restart: bool,
+    /// Keep each topology's directories (the control plane's and the
+    /// hollow nodes' logs, the proxies' logs and configuration) instead
+    /// of removing them at its end.
+    #[arg(long)]
+    keep_logs: bool,
 }
 
 /// One topology's figures.
@@ -417,6 +422,14 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         created.elapsed().as_secs_f64()
     );
     let startup = pods.startup();
+    println!(
+        "slowest pods to start: {}",
+        pods.slowest(10)
+            .iter()
+            .map(|(d, pod, node)| format!("{pod} on {node} {:.2}s", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let watches = metric_sum(
         &apiserver_metrics(&admin).await?,
         "apiserver_longrunning_requests",
@@ -579,8 +592,16 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
     let cp_dir = cp.dir().to_path_buf();
     drop(_controllers);
     drop(cp);
-    let _ = std::fs::remove_dir_all(cp_dir);
-    let _ = std::fs::remove_dir_all(dir);
+    if a.keep_logs {
+        println!(
+            "kept: the control plane's and hollow nodes' logs in {}, the proxies' in {}",
+            cp_dir.display(),
+            dir.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(cp_dir);
+        let _ = std::fs::remove_dir_all(dir);
+    }
     Ok(f)
 }
 
@@ -1014,6 +1035,9 @@ struct Seen {
     changed: Instant,
     /// Whether it is of a rolled-out template (`kcp-load/rolled`).
     rolled: bool,
+    /// `namespace/name`, and the node it is bound to once it is.
+    name: String,
+    node: String,
 }
 
 /// What a watch of every pod has seen, by uid.
@@ -1098,6 +1122,25 @@ impl Pods {
         Summary::of(&mut v)
     }
 
+    /// The `n` pods slowest to start: (startup, `namespace/name`, node).
+    fn slowest(&self, n: usize) -> Vec<(Duration, String, String)> {
+        let s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut v: Vec<_> = s
+            .pods
+            .values()
+            .filter_map(|p| {
+                p.first_running
+                    .map(|r| (r - p.added, p.name.clone(), p.node.clone()))
+            })
+            .collect();
+        v.sort_by_key(|p| std::cmp::Reverse(p.0));
+        v.truncate(n);
+        v
+    }
+
     fn stop(&self) {
         self.stop.cancel();
     }
@@ -1160,13 +1203,22 @@ async fn watch_pods(admin: &Target, state: &Mutex<PodState>, rv: &mut String) ->
                 continue;
             }
             let running = running_and_ready(pod);
-            let seen = s.pods.entry(uid).or_insert(Seen {
+            let seen = s.pods.entry(uid).or_insert_with(|| Seen {
                 added: now,
                 first_running: None,
                 running: false,
                 changed: now,
                 rolled: false,
+                name: format!(
+                    "{}/{}",
+                    pod["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    pod["metadata"]["name"].as_str().unwrap_or_default()
+                ),
+                node: String::new(),
             });
+            if let Some(node) = pod["spec"]["nodeName"].as_str() {
+                node.clone_into(&mut seen.node);
+            }
             seen.running = running;
             seen.changed = now;
             seen.rolled = pod["metadata"]["annotations"]["kcp-load/rolled"] == "1";

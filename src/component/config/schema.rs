@@ -175,8 +175,14 @@ pub struct SubjectAccessReviewConfig {
     /// apiserver's own RBAC evaluation does at once (not the 300 s of
     /// kube-apiserver's `--authorization-webhook-cache-authorized-ttl`).
     pub allowed_cache_ttl_seconds: u64,
-    /// How long a denied decision is reused, in seconds. Default 10: a new
-    /// grant takes effect within seconds.
+    /// How long a denied decision is reused, in seconds. Default 0: never,
+    /// as the apiserver evaluates every request (concurrent requests with
+    /// the same attributes still share one review). The Node authorizer's
+    /// graph follows pods a moment behind their binding, so a kubelet's
+    /// first read of a new pod's Secret or ConfigMap can be denied ("no
+    /// relationship found") and is allowed when it retries a second
+    /// later; a reused denial held it for its whole TTL, and the kubelet's
+    /// backoff past it (docs/performance.md, section (k)).
     pub denied_cache_ttl_seconds: u64,
     /// How long past its TTL a decision still stands in while the apiserver
     /// cannot be asked (unreachable, hung, `5xx`), in seconds. Default 120:
@@ -192,7 +198,7 @@ impl Default for SubjectAccessReviewConfig {
     fn default() -> Self {
         SubjectAccessReviewConfig {
             allowed_cache_ttl_seconds: 5,
-            denied_cache_ttl_seconds: 10,
+            denied_cache_ttl_seconds: 0,
             stale_if_unavailable_seconds: 120,
             cache_size: 10_000,
         }
@@ -695,5 +701,30 @@ mod example_tests {
         c.tls.private_key_file = None;
         c.tls.client_ca_file = None;
         assert_eq!(c, Config::default());
+    }
+
+    /// The shipped manifests' commented-out review cache settings ("These
+    /// are the defaults; uncomment to tune them") parse once uncommented,
+    /// and are the defaults.
+    #[test]
+    fn commented_review_cache_defaults_in_the_manifests_are_the_defaults() {
+        for file in [
+            "manifests/node/config.yaml",
+            "manifests/kube-cache-proxy.yaml",
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+            let text = std::fs::read_to_string(&path).unwrap();
+            let block: String = text
+                .lines()
+                .skip_while(|l| !l.contains("These are the defaults"))
+                .skip(2)
+                .take_while(|l| l.starts_with("# "))
+                .map(|l| format!("{}\n", &l[2..]))
+                .collect();
+            assert!(block.contains("subjectAccessReview"), "{file}: {block}");
+            let c = Config::from_yaml(&block).unwrap_or_else(|e| panic!("{file}: {e}"));
+            assert_eq!(c.authentication, Config::default().authentication, "{file}");
+            assert_eq!(c.authorization, Config::default().authorization, "{file}");
+        }
     }
 }
