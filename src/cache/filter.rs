@@ -58,6 +58,19 @@ impl Filter {
             .or_else(|| self.fields.requires_exact_match("metadata.namespace"))
     }
 
+    /// The one object the selection can hold, `(namespace, name)`, when an
+    /// exact `metadata.name` term pins it (with its namespace, for a
+    /// namespaced resource): kubelet's watches of a pod's Secrets and
+    /// ConfigMaps, and of its own Node.
+    pub fn single_object(&self, namespaced: bool) -> Option<(Option<&str>, &str)> {
+        let name = self.fields.requires_exact_match("metadata.name")?;
+        match (namespaced, self.single_namespace()) {
+            (true, Some(ns)) => Some((Some(ns), name)),
+            (false, _) => Some((None, name)),
+            (true, None) => None,
+        }
+    }
+
     /// The index to file a watcher under. `node_indexed`: the resource is
     /// indexed by `spec.nodeName` (pods).
     pub fn index_key(&self, node_indexed: bool, namespaced: bool) -> IndexKey {

@@ -26,6 +26,8 @@ const CONSISTENCY_CHECK_STATUSES: [&str; 3] = ["success", "failure", "error"];
 const COMPACTION_PROBE_RESULTS: [&str; 3] = ["alive", "compacted", "error"];
 /// `result` values of `cache_consistency_probes_total`.
 pub const PROBE_RESULTS: &[&str] = &["ok", "busy", "error"];
+/// `result` values of `cache_object_reads_total`.
+pub const OBJECT_READ_RESULTS: &[&str] = &["ok", "error"];
 /// `verb` values of `cache_reads_total`, as kube-apiserver names them.
 pub const READ_VERBS: &[&str] = &["GET", "LIST", "WATCH"];
 /// `representation` values of `cache_served_total`.
@@ -86,6 +88,7 @@ pub struct CacheMetrics {
     read_wait: HistogramVec,
     reads: IntCounterVec,
     consistency_probes: IntCounterVec,
+    object_reads: IntCounterVec,
     compaction_probes: IntCounterVec,
     consistency_checks: IntCounterVec,
     consistency_check_seconds: HistogramVec,
@@ -169,6 +172,7 @@ impl CacheMetrics {
             )?,
             reads: counter("cache_reads_total", "Reads of cached resources, by verb (GET|LIST|WATCH) and how they were answered (cache|upstream) and why (snake_case reason).", &["verb", "source", "reason"])?,
             consistency_probes: counter("cache_consistency_probes_total", "Upstream resourceVersion probes (a consistent limit=1 list) for consistent reads and resumed watches, by result (ok|busy: shed or unanswered in 10 s|error).", &["result"])?,
+            object_reads: counter("cache_object_reads_total", "Consistent reads of one object upstream, each starting a consistent streaming list of that object alone (kubelet's watch of a Secret, a ConfigMap or its Node) that a probe found the cache behind for, instead of waiting for the cache to catch up; by result (ok|error: the watch waited for the cache instead).", &["result"])?,
             compaction_probes: counter("cache_compaction_probes_total", "Upstream probes of whether a resourceVersion an exact read asks for is compacted (a limit=1 list with resourceVersionMatch=Exact), by result (alive|compacted|error).", &["result"])?,
             consistency_checks: counter("consistency_checks_total", "Consistency checks of the cache against upstream at the cache's resourceVersion, by status (success|failure|error); a failure relists the resource.", &["status"])?,
             consistency_check_seconds: HistogramVec::new(
@@ -204,6 +208,7 @@ impl CacheMetrics {
         registry.register(Box::new(m.read_wait.clone()))?;
         registry.register(Box::new(m.reads.clone()))?;
         registry.register(Box::new(m.consistency_probes.clone()))?;
+        registry.register(Box::new(m.object_reads.clone()))?;
         registry.register(Box::new(m.compaction_probes.clone()))?;
         registry.register(Box::new(m.consistency_checks.clone()))?;
         registry.register(Box::new(m.consistency_check_seconds.clone()))?;
@@ -236,6 +241,9 @@ impl CacheMetrics {
         }
         for result in PROBE_RESULTS {
             self.consistency_probes.with_label_values(&l3(result));
+        }
+        for result in OBJECT_READ_RESULTS {
+            self.object_reads.with_label_values(&l3(result));
         }
         for result in COMPACTION_PROBE_RESULTS {
             self.compaction_probes.with_label_values(&l3(result));
@@ -384,6 +392,14 @@ impl ResourceMetrics {
     pub fn compaction_probe(&self, result: &str) {
         self.families
             .compaction_probes
+            .with_label_values(&self.l3(result))
+            .inc();
+    }
+
+    /// Counts a read of one object upstream for a consistent watch of it.
+    pub fn object_read(&self, result: &str) {
+        self.families
+            .object_reads
             .with_label_values(&self.l3(result))
             .inc();
     }

@@ -919,6 +919,64 @@ pub fn probe_rv(
     bounded_probe(probe).boxed()
 }
 
+/// A consistent read upstream of the one object `name` (in `namespace`,
+/// for a namespaced resource) within the cache's scope: upstream's current
+/// resourceVersion and the object, if it exists. It costs upstream what a
+/// consistent get costs (the apiserver reads one key: registry
+/// `Store.ListPredicate`, `MatchesSingle`), and answers a consistent
+/// streaming list of that object while the cache has not yet reached
+/// upstream's revision (`serve.rs` `consistent_one`).
+pub fn read_one(
+    upstream: Upstream,
+    info: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+) -> BoxFuture<'static, Result<(u64, Vec<CachedObject>), ProbeError>> {
+    let mut terms = info.scope.terms().to_vec();
+    let pinned = FieldRequirement {
+        field: "metadata.name".into(),
+        not_equals: false,
+        value: name.to_string(),
+    };
+    if !terms.contains(&pinned) {
+        terms.push(pinned);
+    }
+    let selector = FieldSelector::from_terms(terms);
+    let q = format!(
+        "{}?fieldSelector={}",
+        info.collection_path_in(namespace),
+        percent_encoding::utf8_percent_encode(&selector.to_string(), QUERY)
+    );
+    let info = info.clone();
+    let read = async move {
+        let resp = get(&upstream, &q, info.reads_as.as_ref()).await?;
+        let bytes = read_body(resp).await?;
+        let list: ListBody<'_> =
+            serde_json::from_slice(&bytes).map_err(|e| ReflectorError::Malformed(e.to_string()))?;
+        let rv = list
+            .metadata
+            .resource_version
+            .parse::<u64>()
+            .map_err(|_| ReflectorError::Malformed("list has no resourceVersion".into()))?;
+        let objects = list
+            .items
+            .iter()
+            .map(|item| {
+                CachedObject::from_list_item(
+                    item.get().as_bytes(),
+                    &info.kind,
+                    &info.api_version,
+                    info.field_set,
+                    info.namespaced,
+                )
+                .map_err(|e| ReflectorError::Malformed(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((rv, objects))
+    };
+    bounded_probe(read).boxed()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,6 +55,26 @@ impl ResourceInfo {
         format!("{}List", self.kind)
     }
 
+    /// The collection path within `namespace` (all namespaces, or a
+    /// cluster-scoped resource, with `None`):
+    /// `/api/v1/namespaces/ns/configmaps`.
+    pub fn collection_path_in(&self, namespace: Option<&str>) -> String {
+        let Some(ns) = namespace.filter(|_| self.namespaced) else {
+            return self.collection_path();
+        };
+        if self.gvr.group.is_empty() {
+            format!(
+                "/api/{}/namespaces/{ns}/{}",
+                self.gvr.version, self.gvr.resource
+            )
+        } else {
+            format!(
+                "/apis/{}/{}/namespaces/{ns}/{}",
+                self.gvr.group, self.gvr.version, self.gvr.resource
+            )
+        }
+    }
+
     /// The collection path: `/api/v1/pods`, `/apis/apps/v1/deployments`.
     pub fn collection_path(&self) -> String {
         if self.gvr.group.is_empty() {

@@ -38,6 +38,15 @@
 //!   reflector for a progress watch, which advances a quiet resource
 //!   within about a second: an informer's start can wait that long, and
 //!   its whole watch is then served from the cache.
+//! - A consistent **watch of one object** (`metadata.name=` in a
+//!   namespace: kubelet's watch of each Secret and ConfigMap a new pod
+//!   mounts, which kubelet gives 1 s to sync before it fails the mount
+//!   and backs off; its watch of its own Node) does not wait: when the
+//!   probe finds the cache behind, the object is read upstream with a
+//!   consistent list of it alone, which costs upstream what a consistent
+//!   get costs, and the watch starts from that: the object as `ADDED`,
+//!   the `k8s.io/initial-events-end` bookmark at upstream's revision, then
+//!   every change after it from the cache (`Start::Given`).
 //!
 //! Passing through is slower, never stale. Writes that went through the
 //! proxy are covered because they complete before the client's next
@@ -66,7 +75,7 @@ use super::list;
 use super::negotiate::{Encoding, ErrorEncoding, Negotiated, Verb, negotiate};
 use super::probe::{PROBE_TIMEOUT, ProbeError};
 use super::query::{self, ListOptions, Match, QueryError};
-use super::reflector::{probe_compaction, probe_rv};
+use super::reflector::{probe_compaction, probe_rv, read_one};
 use super::resource::ResourceCache;
 use super::store::Start;
 use super::watcher::{self, WatchParams};
@@ -263,6 +272,66 @@ async fn consistent(
         Ok(())
     } else {
         Err(Answer::PassThrough(NOT_FRESH))
+    }
+}
+
+/// A consistent streaming list of the one object `name` (in `namespace`):
+/// `None` when the cache is shown fresh, as for any consistent read; when
+/// the probe finds it behind, the state to start from, read upstream
+/// (upstream's revision and the object, if it exists), instead of waiting
+/// for the cache to reach that revision (up to a bookmark tick, about a
+/// second, for a quiet resource in a busy cluster). If that read fails,
+/// the watch waits for the cache as any other.
+#[allow(clippy::too_many_arguments)]
+async fn consistent_one(
+    cache: &ResourceCache,
+    upstream: &Upstream,
+    arrived: Instant,
+    wait: Duration,
+    neg: Negotiated,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Option<Start>, Answer> {
+    let info = cache.info().clone();
+    let probe_upstream = upstream.clone();
+    let target = cache
+        .upstream_rv(arrived, move || probe_rv(probe_upstream, &info))
+        .await
+        .map_err(|e| match busy(&e) {
+            Some(answer) => status(answer, neg),
+            None => Answer::PassThrough(PROBE_FAILED),
+        })?;
+    if cache.rv() >= target {
+        return Ok(None);
+    }
+    let read = read_one(upstream.clone(), cache.info(), namespace, name).await;
+    match read {
+        Ok((rv, objects)) if rv >= target => {
+            cache.metrics.object_read("ok");
+            let objects = objects
+                .into_iter()
+                .map(|o| (o.key_arc().clone(), Arc::new(o)))
+                .collect();
+            Ok(Some(Start::Given(objects, rv)))
+        }
+        read => {
+            match read {
+                Err(error) => {
+                    tracing::debug!(%error, "reading one object upstream failed; waiting for the cache")
+                }
+                Ok((rv, _)) => tracing::debug!(
+                    rv,
+                    target,
+                    "one object read upstream below the probe's revision; waiting for the cache"
+                ),
+            }
+            cache.metrics.object_read("error");
+            if cache.wait_fresh(target, wait, "consistent").await {
+                Ok(None)
+            } else {
+                Err(Answer::PassThrough(NOT_FRESH))
+            }
+        }
     }
 }
 
@@ -660,7 +729,26 @@ async fn serve_watch(
         return a;
     }
     let initial = opts.send_initial_events == Some(true);
+    let mut given = None;
     match parsed {
+        None if initial
+            && let Some((namespace, name)) = filter.single_object(cache.info().namespaced) =>
+        {
+            match consistent_one(
+                cache,
+                upstream,
+                read.arrived,
+                cache.read.consistent_watch_wait,
+                neg,
+                namespace,
+                name,
+            )
+            .await
+            {
+                Ok(start) => given = start,
+                Err(a) => return a,
+            }
+        }
         None => {
             if let Err(a) = consistent(
                 cache,
@@ -708,7 +796,7 @@ async fn serve_watch(
         _ => false,
     };
     let start = match (initial, parsed) {
-        (true, _) => Start::Snapshot,
+        (true, _) => given.unwrap_or(Start::Snapshot),
         // A watch from a revision a probe found compacted: the apiserver
         // decides, from its own watch cache's window (`compaction.rs`).
         (false, Some(rv)) if rv > 0 && rv <= cache.compacted() => {

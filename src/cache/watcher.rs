@@ -62,6 +62,9 @@ enum Phase {
         upper: Option<String>,
         cursor: Option<Arc<str>>,
         rv: u64,
+        /// The history after `rv`, sent after the snapshot (`Start::Given`
+        /// when the cache had passed its RV already).
+        then: Vec<Arc<Event>>,
     },
     Replay {
         events: Vec<Arc<Event>>,
@@ -170,6 +173,7 @@ impl Watch {
                         upper,
                         cursor: None,
                         rv,
+                        then: reg.replay,
                     },
                     rv,
                 )
@@ -279,6 +283,7 @@ impl Watch {
             upper,
             cursor,
             rv,
+            then,
         } = &mut self.phase
         else {
             return None;
@@ -330,7 +335,15 @@ impl Watch {
                 }
             }
             self.last_rv = rv;
-            self.phase = Phase::Live;
+            let then = std::mem::take(then);
+            self.phase = if then.is_empty() {
+                Phase::Live
+            } else {
+                Phase::Replay {
+                    events: then,
+                    next: 0,
+                }
+            };
         }
         (!buf.is_empty()).then(|| buf.freeze())
     }
@@ -528,6 +541,105 @@ mod tests {
                     .unwrap()
             })
             .collect()
+    }
+
+    fn version(name: &str, rv: u64, data: &str) -> CachedObject {
+        let json = format!(
+            r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}},"data":{{"k":"{data}"}}}}"#
+        );
+        CachedObject::from_json(json.as_bytes(), FieldSet::Default, true).unwrap()
+    }
+
+    /// `(type, name, resourceVersion, initial-events-end)` of each event.
+    fn events(chunk: &[u8]) -> Vec<(String, String, u64, bool)> {
+        std::str::from_utf8(chunk)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let e: serde_json::Value = serde_json::from_str(l).unwrap();
+                let m = &e["object"]["metadata"];
+                (
+                    e["type"].as_str().unwrap().to_string(),
+                    m["name"].as_str().unwrap_or_default().to_string(),
+                    m["resourceVersion"].as_str().unwrap().parse().unwrap(),
+                    m["annotations"]["k8s.io/initial-events-end"] == "true",
+                )
+            })
+            .collect()
+    }
+
+    /// A watch started from a given state (a consistent read upstream of
+    /// its one object, at an RV the cache has not reached yet) sends that
+    /// object, the initial-events-end bookmark at that RV, then only the
+    /// changes after it as the cache reaches them; started once the cache
+    /// has passed that RV, the history after it follows the object.
+    #[tokio::test]
+    async fn a_watch_from_a_given_state_sends_the_changes_after_it_only() {
+        let cache = Arc::new(test_cache());
+        cache.replace(vec![version("a", 1, "old")], 1);
+        let upstream = Arc::new(version("a", 3, "new"));
+        let params = |at: u64| WatchParams {
+            filter: Arc::new(Filter {
+                namespace: Some("ns".into()),
+                fields: apimachinery::selector::FieldSelector::parse("metadata.name=a").unwrap(),
+                ..Filter::default()
+            }),
+            start: Start::Given(
+                [(upstream.key_arc().clone(), upstream.clone())]
+                    .into_iter()
+                    .collect(),
+                at,
+            ),
+            prefix: "ns/".into(),
+            bookmarks: true,
+            initial_events_end: true,
+            timeout: Duration::from_secs(60),
+            repr: Representation::JSON,
+        };
+        let mut w = Watch::register(cache.clone(), params(4), CancellationToken::new()).unwrap();
+        let first = w.next_chunk().await.unwrap();
+        assert_eq!(
+            events(&first),
+            [
+                ("ADDED".into(), "a".into(), 3, false),
+                ("BOOKMARK".into(), String::new(), 4, true)
+            ]
+        );
+        // The cache catches up: what the given state holds already (a at
+        // 3), another object, then a's next change.
+        cache.apply(EventType::Modified, version("a", 3, "new"));
+        cache.apply(EventType::Added, version("b", 4, "x"));
+        cache.apply(EventType::Modified, version("a", 6, "newer"));
+        let next = tokio::time::timeout(Duration::from_secs(5), w.next_chunk())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(events(&next), [("MODIFIED".into(), "a".into(), 6, false)]);
+        assert!(w.gather(None).is_none());
+
+        // Given at 4, the cache at 6 already: a's change at 6 comes from
+        // the history, after the given state.
+        let mut late = Watch::register(cache.clone(), params(4), CancellationToken::new()).unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            let chunk = tokio::time::timeout(Duration::from_secs(5), late.next_chunk())
+                .await
+                .unwrap()
+                .unwrap();
+            seen.extend(events(&chunk));
+        }
+        assert_eq!(
+            seen,
+            [
+                ("ADDED".into(), "a".into(), 3, false),
+                ("BOOKMARK".into(), String::new(), 4, true),
+                ("MODIFIED".into(), "a".into(), 6, false)
+            ]
+        );
+        // Given inside the revisions a relist skipped (its history does
+        // not hold them): too old, as a watch from there would be.
+        cache.replace(vec![version("a", 20, "relisted")], 20);
+        assert!(Watch::register(cache.clone(), params(10), CancellationToken::new()).is_err());
     }
 
     /// A watcher whose buffer filled up again after it last drained it,

@@ -41,12 +41,18 @@ pub struct Settings {
 }
 
 /// Where a new watcher starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Start {
     /// Every change after this RV, from the history.
     After(u64),
     /// The current state as synthetic `ADDED` events, then changes.
     Snapshot,
+    /// The given objects, upstream's state of the watch's selection at the
+    /// given RV (a consistent read of them), as synthetic `ADDED` events,
+    /// then every change after that RV: from the history if the cache has
+    /// passed it, else as the cache reaches it (changes at or below it are
+    /// in the objects already, and skipped).
+    Given(Objects, u64),
 }
 
 /// A registered watcher.
@@ -437,6 +443,20 @@ impl State {
                 (self.history.range(from..).cloned().collect(), None, rv)
             }
             Start::Snapshot => (Vec::new(), Some((self.objects.clone(), self.rv)), self.rv),
+            Start::Given(objects, rv) => {
+                if rv < self.floor || self.in_skipped(rv) {
+                    return Err(TooOld {
+                        requested: rv,
+                        floor: self.floor,
+                    });
+                }
+                let from = self.history.partition_point(|e| e.rv <= rv);
+                (
+                    self.history.range(from..).cloned().collect(),
+                    Some((objects, rv)),
+                    rv,
+                )
+            }
         };
         let index = filter.index_key(self.settings.node_indexed, self.settings.namespaced);
         let (id, rx, link) =
