@@ -50,6 +50,7 @@ mod idle;
 mod ingest;
 mod list;
 mod metrics;
+mod pprof;
 mod real;
 mod scale;
 mod self_test;

@@ -109,6 +109,12 @@ pub struct ScaleArgs {
     /// of removing them at its end.
     #[arg(long)]
     keep_logs: bool,
+    /// Take a CPU profile of kube-apiserver this long during the load,
+    /// from 10 s after its first Deployment (`--profiling=true`), and
+    /// print where its CPU went (`pprof.rs`); at most 50 (the apiserver
+    /// cuts requests at 60 s). 0: none.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=50))]
+    apiserver_profile_seconds: u64,
 }
 
 /// One topology's figures.
@@ -130,13 +136,32 @@ struct Figures {
     tier_rss: Option<u64>,
     hollow_rss_per_node: u64,
     restart: Option<Restart>,
+    /// Where the apiserver's CPU went during the load's profile.
+    profile: Option<crate::pprof::Breakdown>,
     seconds: f64,
+}
+
+/// The LISTs this tool itself sends while it waits for the nodes
+/// ([`nodes_ready`]: every node and Lease, twice a second), and their
+/// bytes, so that the mass restart's figures leave them out: they are the
+/// measurement's, not the nodes'.
+static HARNESS_LISTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static HARNESS_LIST_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn harness_lists() -> (f64, f64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (
+        HARNESS_LISTS.load(Relaxed) as f64,
+        HARNESS_LIST_BYTES.load(Relaxed) as f64,
+    )
 }
 
 #[derive(Debug, Default, Clone)]
 struct Restart {
     converged: Duration,
     apiserver_cpu: f64,
+    /// The apiserver's LIST bytes and LISTs during the restart, less this
+    /// tool's own ([`HARNESS_LISTS`]).
     list_bytes: f64,
     lists: f64,
     /// Bytes of watch events the apiserver sent: a streaming list's
@@ -241,7 +266,15 @@ impl Hollow {
 
 async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
     let started = Instant::now();
-    let cp = match ControlPlane::start(Options::default()).await {
+    let options = Options {
+        apiserver_args: if a.apiserver_profile_seconds > 0 {
+            vec!["--profiling=true".into()]
+        } else {
+            Vec::new()
+        },
+        ..Options::default()
+    };
+    let cp = match ControlPlane::start(options).await {
         Ok(cp) => cp,
         Err(kube_testenv::Error::Assets(e)) => return Err(Skip(format!("scale: {e}")).into()),
         Err(e) => bail!("starting the control plane: {e}"),
@@ -405,6 +438,22 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
     let pods = Pods::watch(&admin).await?;
     let plan = plan(a.nodes * a.pods_per_node);
     let created = Instant::now();
+    let profiling = (a.apiserver_profile_seconds > 0).then(|| {
+        let (admin, seconds, dir) = (admin.clone(), a.apiserver_profile_seconds, dir.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let mut conn = admin.connect(Proto::H1).await?;
+            let path = format!("/debug/pprof/profile?seconds={seconds}");
+            let r = admin.fetch(&mut conn, Method::GET, &path, None).await?;
+            if !r.status.is_success() {
+                bail!("{path}: {} {}", r.status, String::from_utf8_lossy(&r.body));
+            }
+            let file = dir.join("apiserver-cpu.pprof");
+            std::fs::write(&file, &r.body)?;
+            println!("apiserver CPU profile ({seconds} s): {}", file.display());
+            crate::pprof::breakdown(&r.body)
+        })
+    });
     for (i, d) in plan.iter().enumerate() {
         create_deployment(&admin, d).await?;
         if i % 10 == 9 {
@@ -422,6 +471,19 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         created.elapsed().as_secs_f64()
     );
     let startup = pods.startup();
+    let profile = match profiling {
+        Some(task) => match task.await? {
+            Ok(b) => {
+                println!("where the apiserver's CPU went during the load:\n{b}");
+                Some(b)
+            }
+            Err(e) => {
+                println!("apiserver CPU profile: {e:#}");
+                None
+            }
+        },
+        None => None,
+    };
     println!(
         "slowest pods to start: {}",
         pods.slowest(10)
@@ -450,6 +512,7 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         }
         let t0 = Instant::now();
         let wall0 = SystemTime::now();
+        let h0 = harness_lists();
         for h in &mut hollows {
             h.start(&cp)?;
         }
@@ -469,6 +532,10 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         let m1 = apiserver_metrics(&admin).await?;
         let p1 = proxies_metrics(&proxies).await;
         let c1 = stats::cpu_of(cp.apiserver_pid()).unwrap_or_default();
+        let (harness_lists, harness_bytes) = {
+            let (l1, b1) = harness_lists();
+            (l1 - h0.0, b1 - h0.1)
+        };
         let r = Restart {
             converged,
             apiserver_cpu: (c1 - c0).as_secs_f64(),
@@ -477,8 +544,8 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
                 &m1,
                 "apiserver_response_sizes_sum",
                 &[("verb", "LIST")],
-            ),
-            lists: growth(&m0, &m1, "apiserver_request_total", &[("verb", "LIST")]),
+            ) - harness_bytes,
+            lists: growth(&m0, &m1, "apiserver_request_total", &[("verb", "LIST")]) - harness_lists,
             watch_bytes: growth(&m0, &m1, "apiserver_watch_events_sizes_sum", &[]),
             watch_bytes_by_resource: {
                 let mut v: Vec<_> =
@@ -493,11 +560,12 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
             api_p99: latency_p99(&[(&m0, &m1)]),
         };
         println!(
-            "mass restart: converged in {:.1}s; apiserver {:.1} CPU s, {} LISTs, {}, watch events {} ({}), {} initial events",
+            "mass restart: converged in {:.1}s; apiserver {:.1} CPU s, {} LISTs, {} (this tool's own {harness_lists} LISTs, {}, left out), watch events {} ({}), {} initial events",
             r.converged.as_secs_f64(),
             r.apiserver_cpu,
             r.lists,
             stats::mib(r.list_bytes as u64),
+            stats::mib(harness_bytes as u64),
             stats::mib(r.watch_bytes as u64),
             r.watch_bytes_by_resource
                 .iter()
@@ -577,6 +645,7 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         tier_rss: (!tier.is_empty()).then(|| tier_samples(&tier).iter().map(|s| s.1).sum()),
         hollow_rss_per_node: hollow_rss,
         restart,
+        profile,
         seconds: started.elapsed().as_secs_f64(),
     };
     pods.stop();
@@ -823,6 +892,8 @@ async fn nodes_ready(
     let items = |path: &'static str| async move {
         let mut conn = admin.connect(Proto::H1).await?;
         let r = admin.fetch(&mut conn, Method::GET, path, None).await?;
+        HARNESS_LISTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        HARNESS_LIST_BYTES.fetch_add(r.body.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         anyhow::Ok(v["items"].as_array().cloned().unwrap_or_default())
     };
@@ -1288,6 +1359,31 @@ fn table(all: &[Figures]) {
         (
             "apiserver CPU s",
             Box::new(|f: &Figures| format!("{:.1}", f.apiserver_cpu)),
+        ),
+        (
+            "apiserver CPU in its load profile: serving watches / lists / gets / reviews / writes, of all",
+            Box::new(|f: &Figures| {
+                f.profile.as_ref().map_or("—".into(), |b| {
+                    let share = |prefixes: &[&str]| {
+                        let s: f64 = b
+                            .parts
+                            .iter()
+                            .filter(|(n, _)| prefixes.iter().any(|p| n.starts_with(p)))
+                            .map(|(_, s)| s)
+                            .sum();
+                        format!("{:.0} %", 100.0 * s / b.total.max(f64::MIN_POSITIVE))
+                    };
+                    format!(
+                        "{} / {} / {} / {} / {}, of {:.1} CPU s",
+                        share(&["watch:"]),
+                        share(&["list"]),
+                        share(&["get"]),
+                        share(&["authentication and authorization reviews"]),
+                        share(&["writes"]),
+                        b.total
+                    )
+                })
+            }),
         ),
         (
             "apiserver peak RSS",
