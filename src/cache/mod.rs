@@ -69,6 +69,7 @@ impl Caches {
             large_list_wait: Duration::from_millis(config.large_list_wait_milliseconds),
             consistent_watch_wait: Duration::from_millis(config.consistent_watch_wait_milliseconds),
             progress_roll: Duration::from_secs(config.progress_watch_roll_seconds),
+            watch_batch: Duration::from_millis(config.watch_batch_milliseconds),
             not_older_than_wait: Duration::from_millis(config.not_older_than_wait_milliseconds),
             ready_wait: Duration::from_millis(config.ready_wait_milliseconds),
         };

@@ -109,6 +109,8 @@ pub struct ReadSettings {
     /// How long progress watches keep rolling (one a second) after the
     /// last read that waited for freshness; zero: one per wait.
     pub progress_roll: Duration,
+    /// How long a watch holds an event for more to write with it.
+    pub watch_batch: Duration,
     /// How long a read "not older than N" waits before `504`.
     pub not_older_than_wait: Duration,
     /// How long a read waits for the first list before passing through.

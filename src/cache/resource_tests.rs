@@ -11,7 +11,28 @@ pub(crate) fn test_cache() -> ResourceCache {
 
 /// A test cache whose metrics are registered in `registry`.
 fn test_cache_in(registry: &prometheus::Registry) -> ResourceCache {
+    test_cache_tuned(registry, |_| {})
+}
+
+/// A test cache with its read settings changed by `tune`.
+pub(crate) fn test_cache_tuned(
+    registry: &prometheus::Registry,
+    tune: impl FnOnce(&mut ReadSettings),
+) -> ResourceCache {
     let metrics = CacheMetrics::new(registry).unwrap();
+    let mut read = ReadSettings {
+        bookmark_interval: Duration::from_secs(60),
+        watch_batch: Duration::ZERO,
+        min_request_timeout: Duration::from_secs(1800),
+        consistent_list_wait: Duration::from_millis(250),
+        large_list_objects: 0,
+        large_list_wait: Duration::from_secs(3),
+        consistent_watch_wait: Duration::from_secs(3),
+        progress_roll: Duration::from_secs(10),
+        not_older_than_wait: Duration::from_secs(3),
+        ready_wait: Duration::from_secs(5),
+    };
+    tune(&mut read);
     ResourceCache::new(
         ResourceInfo {
             gvr: Gvr {
@@ -37,17 +58,7 @@ fn test_cache_in(registry: &prometheus::Registry) -> ResourceCache {
             namespaced: true,
             field_set: FieldSet::Default,
         },
-        ReadSettings {
-            bookmark_interval: Duration::from_secs(60),
-            min_request_timeout: Duration::from_secs(1800),
-            consistent_list_wait: Duration::from_millis(250),
-            large_list_objects: 0,
-            large_list_wait: Duration::from_secs(3),
-            consistent_watch_wait: Duration::from_secs(3),
-            progress_roll: Duration::from_secs(10),
-            not_older_than_wait: Duration::from_secs(3),
-            ready_wait: Duration::from_secs(5),
-        },
+        read,
         metrics.resource("", "configmaps"),
     )
 }

@@ -22,6 +22,8 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use crate::component::woken::WokenOnly;
+
 use apimachinery::body::{Body, BoxError};
 use apimachinery::status::Status;
 
@@ -86,6 +88,9 @@ struct Watch {
     bookmarks: bool,
     next_bookmark: Option<Instant>,
     interval: Duration,
+    /// How long an event waits for more to be written with it
+    /// (`cache.watchBatchMilliseconds`).
+    batch: Duration,
     deadline: Instant,
     /// The timers and the shutdown signal live as long as the watch, so
     /// that waiting for the next event does not register and remove them
@@ -93,7 +98,9 @@ struct Watch {
     /// set.
     deadline_timer: Pin<Box<Sleep>>,
     bookmark_timer: Pin<Box<Sleep>>,
-    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Polled only when it fires: a token's future locks its mutex on
+    /// every poll, and a watch is polled for every event it sends.
+    shutdown: WokenOnly<WaitForCancellationFutureOwned>,
     done: bool,
     repr: Representation,
     codec: Option<Arc<ProtoCodec>>,
@@ -163,6 +170,19 @@ impl Watch {
         let now = Instant::now();
         let deadline = now + params.timeout;
         let interval = cache.read.bookmark_interval;
+        // Only watches a change of any object may reach (a resource, a
+        // namespace, a label selector) are held: those are the fan-out
+        // that costs CPU per watcher. One pinned to an object or a node's
+        // objects (kubelet's pods, its Node, a Secret) gets few events,
+        // and they are the ones a pod's start waits for.
+        let pinned = ["metadata.name", "spec.nodeName"]
+            .iter()
+            .any(|f| params.filter.fields.requires_exact_match(f).is_some());
+        let batch = if pinned {
+            Duration::ZERO
+        } else {
+            cache.read.watch_batch
+        };
         let (phase, last_rv) = match reg.snapshot {
             Some((objects, rv)) => {
                 let upper = upper_bound(&params.prefix);
@@ -199,12 +219,13 @@ impl Watch {
             bookmarks: params.bookmarks,
             next_bookmark: None,
             interval,
+            batch,
             deadline,
             deadline_timer: Box::pin(tokio::time::sleep_until(deadline)),
             bookmark_timer: Box::pin(tokio::time::sleep_until(deadline)),
             // A child token: polled on every wait of every watcher, the
             // server-wide token's mutex would be contended by all of them.
-            shutdown: Box::pin(shutdown.child_token().cancelled_owned()),
+            shutdown: WokenOnly::new(shutdown.child_token().cancelled_owned()),
             done: false,
             repr: params.repr,
             codec: None,
@@ -269,7 +290,10 @@ impl Watch {
                         return Some(buf.freeze());
                     }
                 }
-                Phase::Live => return self.live_chunk().await,
+                Phase::Live => {
+                    let chunk = self.live_chunk().await?;
+                    return Some(self.batched(chunk).await);
+                }
             }
         }
     }
@@ -444,6 +468,37 @@ impl Watch {
         f
     }
 
+    /// `first`, and the frames that reach the watcher within
+    /// [`Watch::batch`] of it (up to [`CHUNK`] bytes), as one chunk: one
+    /// body frame, so one wakeup, one TLS record and one write of the
+    /// connection for all of them. The watch sleeps meanwhile instead of
+    /// receiving each delivery, so the deliveries do not wake it either; a
+    /// watcher whose buffer fills meanwhile is marked lagging and catches
+    /// up from the history, as a slow one does.
+    async fn batched(&mut self, first: Bytes) -> Bytes {
+        if self.batch.is_zero() || first.len() >= CHUNK || self.done {
+            return first;
+        }
+        let until = (Instant::now() + self.batch).min(self.deadline);
+        tokio::select! {
+            biased;
+            _ = &mut self.shutdown => {
+                self.done = true;
+                return first;
+            }
+            _ = tokio::time::sleep_until(until) => {}
+        }
+        match self.gather(None) {
+            Some(more) => {
+                let mut buf = BytesMut::with_capacity(first.len() + more.len());
+                buf.extend_from_slice(&first);
+                buf.extend_from_slice(&more);
+                buf.freeze()
+            }
+            None => first,
+        }
+    }
+
     async fn live_chunk(&mut self) -> Option<Bytes> {
         loop {
             if let Some(chunk) = self.gather(None) {
@@ -491,7 +546,7 @@ impl Watch {
                         return None;
                     }
                 },
-                _ = self.shutdown.as_mut() => {
+                _ = &mut self.shutdown => {
                     self.done = true;
                     return None;
                 }
@@ -566,6 +621,51 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// With `watchBatchMilliseconds`, what reaches a watch of the whole
+    /// resource within the window after an event goes out with it, in one
+    /// chunk; a watch pinned to one object is never held.
+    #[tokio::test]
+    async fn a_watch_of_the_resource_holds_events_for_the_batch_window() {
+        let window = Duration::from_millis(500);
+        let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
+            &prometheus::Registry::new(),
+            |r| r.watch_batch = window,
+        ));
+        cache.replace(Vec::new(), 1);
+        let params = |fields: &str| WatchParams {
+            filter: Arc::new(Filter {
+                fields: apimachinery::selector::FieldSelector::parse(fields).unwrap(),
+                ..Filter::default()
+            }),
+            start: Start::After(1),
+            prefix: String::new(),
+            bookmarks: false,
+            initial_events_end: false,
+            timeout: Duration::from_secs(60),
+            repr: Representation::JSON,
+        };
+        let mut all = Watch::register(cache.clone(), params(""), CancellationToken::new()).unwrap();
+        let mut one = Watch::register(
+            cache.clone(),
+            params("metadata.name=cm-2"),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        cache.apply(EventType::Added, cm(2));
+        let t = Instant::now();
+        assert_eq!(rvs(&one.next_chunk().await.unwrap()), [2]);
+        assert!(t.elapsed() < window / 2, "a pinned watch is not held");
+        let held = tokio::spawn(async move {
+            let chunk = all.next_chunk().await.unwrap();
+            (chunk, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        cache.apply(EventType::Added, cm(3));
+        let (chunk, at) = held.await.unwrap();
+        assert_eq!(rvs(&chunk), [2, 3], "one chunk");
+        assert!(at - t >= window, "held for the window: {:?}", at - t);
     }
 
     /// A watch started from a given state (a consistent read upstream of

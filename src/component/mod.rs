@@ -2,8 +2,9 @@
 //! does for kube-apiserver and kubelet: its [`config`]uration (one YAML
 //! file, overridden by the [`cli`]'s flags), [`logging`] (klog's verbosity,
 //! text or JSON), the Prometheus [`metrics`] registry, [`ready`]iness, and
-//! the certificate files every side reloads ([`certs`]). Every other module
-//! builds on these; they import none of them.
+//! the certificate files every side reloads ([`certs`]), and a future
+//! polled only when woken ([`woken`]). Every other module builds on these;
+//! they import none of them.
 
 pub mod certs;
 pub mod cli;
@@ -11,3 +12,4 @@ pub mod config;
 pub mod logging;
 pub mod metrics;
 pub mod ready;
+pub mod woken;

@@ -26,6 +26,7 @@ use tracing::Instrument;
 
 use crate::auth::{ClientCertificate, UserInfo};
 use crate::component::metrics::Metrics;
+use crate::component::woken::WokenOnly;
 use crate::server::accept;
 use crate::server::coalesce::{Coalesced, Polls};
 use crate::server::conns::{ConnHandle, Limits, Registry, token_client, too_many_requests};
@@ -267,24 +268,28 @@ where
     C: Future<Output = Result<(), hyper::Error>>,
 {
     let h2 = polls.is_some();
-    // A child token: polled whenever the connection is, the server-wide
-    // token's mutex would be contended by every connection.
-    let drain = drain.child_token();
+    // The connection's task is woken for every frame it writes: the drain
+    // and eviction signals and the idle check are polled only when they
+    // fire (`WokenOnly`; a token's future locks its mutex on every poll),
+    // and the connection first.
+    let mut drained = WokenOnly::new(drain.child_token().cancelled_owned());
+    let mut evicted = WokenOnly::new(handle.closed().clone().cancelled_owned());
     let mut closing = false;
     let mut check = tokio::time::interval(IDLE_CHECK);
     check.tick().await;
     loop {
         tokio::select! {
+            biased;
             result = Ticking { conn: conn.as_mut(), polls } => return result,
-            _ = drain.cancelled(), if !closing => {
+            _ = &mut drained, if !closing => {
                 closing = true;
                 graceful(conn.as_mut());
             }
-            _ = handle.closed().cancelled(), if !closing => {
+            _ = &mut evicted, if !closing => {
                 closing = true;
                 graceful(conn.as_mut());
             }
-            _ = check.tick(), if h2 && !closing => {
+            _ = WokenOnly::new(check.tick()), if h2 && !closing => {
                 if handle
                     .idle_since()
                     .is_some_and(|since| since.elapsed() >= crate::server::conns::H2_IDLE_TIMEOUT)

@@ -313,6 +313,7 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
                 &cp,
                 &proxy_ca,
                 &token,
+                None,
             )?);
         }
         for r in &tier {

@@ -266,6 +266,19 @@ pub struct CacheConfig {
     /// instead of up to 2.25 s). 0: one progress watch per wait. Default
     /// 10 s.
     pub progress_watch_roll_seconds: u64,
+    /// How long a watch holds an event for more to write with it, in
+    /// milliseconds: the events that reach a watcher within that time are
+    /// written as one HTTP/2 DATA frame (or HTTP/1.1 chunk), so its
+    /// connection is woken, encrypts and writes once for them all. Only
+    /// watches that any object's change may reach are held (a resource, a
+    /// namespace, a label selector: kube-proxy's Services and
+    /// EndpointSlices), not those pinned by `metadata.name` or
+    /// `spec.nodeName` (kubelet's pods, its Node, a Secret). Default 0:
+    /// each event is written as soon as it is dispatched, as by
+    /// kube-apiserver. An event is delayed by at most this much; a tier,
+    /// whose every Service and EndpointSlice event goes to every node,
+    /// trades that for CPU (docs/tier.md).
+    pub watch_batch_milliseconds: u64,
     /// How long a read "not older than N" waits before `504 Timeout`.
     /// Default 3000 ms, as kube-apiserver's cache.
     pub not_older_than_wait_milliseconds: u64,
@@ -418,6 +431,7 @@ impl Default for CacheConfig {
             large_list_wait_milliseconds: 3000,
             consistent_watch_wait_milliseconds: 3000,
             progress_watch_roll_seconds: 10,
+            watch_batch_milliseconds: 0,
             not_older_than_wait_milliseconds: 3000,
             ready_wait_milliseconds: 2000,
             protobuf_cache_mib: 64,

@@ -40,6 +40,10 @@ pub struct TierArgs {
     /// Skip the relist storm (the apiserver's restart).
     #[arg(long)]
     pub no_restart: bool,
+    /// The replicas' `cache.watchBatchMilliseconds` (default: the shipped
+    /// `manifests/tier/config.yaml`'s).
+    #[arg(long, value_name = "MS")]
+    pub watch_batch_ms: Option<u64>,
     /// How long to wait for every watch after the restart, in seconds.
     #[arg(long, default_value_t = 180)]
     pub recovery_timeout: u64,

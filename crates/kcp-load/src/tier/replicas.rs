@@ -79,6 +79,8 @@ pub struct TierReplica {
 }
 
 impl TierReplica {
+    /// Starts replica `i` with the shipped configuration, its
+    /// `cache.watchBatchMilliseconds` replaced by `watch_batch_ms` if set.
     pub fn start(
         bin: &Path,
         dir: &Path,
@@ -86,6 +88,7 @@ impl TierReplica {
         cp: &ControlPlane,
         ca: &Ca,
         token: &str,
+        watch_batch_ms: Option<u64>,
     ) -> Result<TierReplica> {
         let dir = dir.join(format!("tier-{i}"));
         std::fs::create_dir_all(&dir)?;
@@ -104,12 +107,15 @@ impl TierReplica {
         )?;
         let port = kube_testenv::free_port().map_err(|e| anyhow!("{e}"))?;
         let admin_port = kube_testenv::free_port().map_err(|e| anyhow!("{e}"))?;
-        let config = tier_config(
+        let mut config = tier_config(
             &format!("127.0.0.1:{port}"),
             &format!("127.0.0.1:{admin_port}"),
             (&cert, &key, &client_ca),
             &upstream,
         )?;
+        if let Some(ms) = watch_batch_ms {
+            config.cache.watch_batch_milliseconds = ms;
+        }
         TierReplica::spawn(bin, &dir, &format!("tier replica {i}"), &config, ca)
     }
 

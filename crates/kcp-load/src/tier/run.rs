@@ -124,7 +124,15 @@ async fn run_on(
         // One serving CA for every replica, which the nodes trust.
         let ca = Ca::new("kcp-load-tier-ca")?;
         for i in 0..a.replicas {
-            replicas.push(TierReplica::start(bin, &dir, i, cp, &ca, &token)?);
+            replicas.push(TierReplica::start(
+                bin,
+                &dir,
+                i,
+                cp,
+                &ca,
+                &token,
+                a.watch_batch_ms,
+            )?);
         }
         for r in &replicas {
             r.ready(Duration::from_secs(180)).await?;
