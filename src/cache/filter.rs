@@ -61,13 +61,15 @@ impl Filter {
     /// The one object the selection can hold, `(namespace, name)`, when an
     /// exact `metadata.name` term pins it (with its namespace, for a
     /// namespaced resource): kubelet's watches of a pod's Secrets and
-    /// ConfigMaps, and of its own Node.
+    /// ConfigMaps, and of its own Node. The namespace is a DNS label, as
+    /// every namespace's name is (it goes into an upstream request's
+    /// path); any other selects no one object here.
     pub fn single_object(&self, namespaced: bool) -> Option<(Option<&str>, &str)> {
         let name = self.fields.requires_exact_match("metadata.name")?;
         match (namespaced, self.single_namespace()) {
-            (true, Some(ns)) => Some((Some(ns), name)),
+            (true, Some(ns)) if is_dns_label(ns) => Some((Some(ns), name)),
             (false, _) => Some((None, name)),
-            (true, None) => None,
+            (true, _) => None,
         }
     }
 
@@ -94,9 +96,43 @@ impl Filter {
     }
 }
 
+/// A DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63
+/// characters): what a namespace's name is (`ValidateNamespaceName`).
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn single_objects_need_a_name_and_a_namespace_that_is_a_label() {
+        assert_eq!(
+            filter(Some("ns"), "metadata.name=cm").single_object(true),
+            Some((Some("ns"), "cm"))
+        );
+        assert_eq!(
+            filter(None, "metadata.namespace=ns,metadata.name=cm").single_object(true),
+            Some((Some("ns"), "cm"))
+        );
+        assert_eq!(
+            filter(None, "metadata.name=n1").single_object(false),
+            Some((None, "n1"))
+        );
+        assert_eq!(filter(None, "metadata.name=cm").single_object(true), None);
+        assert_eq!(filter(Some("ns"), "").single_object(true), None);
+        for ns in ["..", "a/b", "A", "-a", "a?b", &"a".repeat(64)] {
+            let f = filter(None, &format!("metadata.namespace={ns},metadata.name=cm"));
+            assert_eq!(f.single_object(true), None, "{ns}");
+        }
+    }
 
     fn filter(ns: Option<&str>, fields: &str) -> Filter {
         Filter {
