@@ -605,6 +605,19 @@ mod tests {
         CachedObject::from_json(json.as_bytes(), FieldSet::Default, true).unwrap()
     }
 
+    /// A JSON watch of `filter` from `start`, without bookmarks.
+    fn json_watch(filter: Filter, start: Start) -> WatchParams {
+        WatchParams {
+            filter: Arc::new(filter),
+            start,
+            prefix: String::new(),
+            bookmarks: false,
+            initial_events_end: false,
+            timeout: Duration::from_secs(60),
+            repr: Representation::JSON,
+        }
+    }
+
     /// `(type, name, resourceVersion, initial-events-end)` of each event.
     fn events(chunk: &[u8]) -> Vec<(String, String, u64, bool)> {
         std::str::from_utf8(chunk)
@@ -634,17 +647,12 @@ mod tests {
             |r| r.watch_batch = window,
         ));
         cache.replace(Vec::new(), 1);
-        let params = |fields: &str| WatchParams {
-            filter: Arc::new(Filter {
+        let params = |fields: &str| {
+            let filter = Filter {
                 fields: apimachinery::selector::FieldSelector::parse(fields).unwrap(),
                 ..Filter::default()
-            }),
-            start: Start::After(1),
-            prefix: String::new(),
-            bookmarks: false,
-            initial_events_end: false,
-            timeout: Duration::from_secs(60),
-            repr: Representation::JSON,
+            };
+            json_watch(filter, Start::After(1))
         };
         let mut all = Watch::register(cache.clone(), params(""), CancellationToken::new()).unwrap();
         let mut one = Watch::register(
@@ -751,15 +759,7 @@ mod tests {
     async fn catch_up_sends_the_buffer_before_the_history() {
         let cache = Arc::new(test_cache());
         cache.replace(Vec::new(), 1);
-        let params = WatchParams {
-            filter: Arc::new(Filter::default()),
-            start: Start::After(1),
-            prefix: String::new(),
-            bookmarks: false,
-            initial_events_end: false,
-            timeout: Duration::from_secs(60),
-            repr: Representation::JSON,
-        };
+        let params = json_watch(Filter::default(), Start::After(1));
         let mut w = Watch::register(cache.clone(), params, CancellationToken::new()).unwrap();
         // The buffer holds 10 deliveries: the 11th marks the watcher
         // lagging, from RV 12 on.
