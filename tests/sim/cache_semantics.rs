@@ -723,6 +723,70 @@ async fn many_streams_of_one_http2_connection_get_each_event_at_once() {
     assert!(slowest < Duration::from_secs(1), "{slowest:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_batch_window_a_watch_of_the_resource_gets_its_events_in_one_chunk() {
+    // `cache.watchBatchMilliseconds` (the tier's replicas: 50): a watch
+    // that any object's change may reach holds an event for the window,
+    // and what else reaches it meanwhile leaves in the same write. One
+    // pinned to an object (`metadata.name`) is never held.
+    let window = Duration::from_millis(1500);
+    let env = env_with(|c| c.cache.watch_batch_milliseconds = 1500).await;
+    // HTTP/1.1: each write of the watch is one chunk of its body.
+    let c = env.proxy(Identity::admin().auth(&env.sim));
+    let l = c
+        .get("/api/v1/namespaces/b/configmaps?resourceVersion=0")
+        .await
+        .json();
+    let rv = l["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut all = c
+        .watch(
+            &format!("/api/v1/namespaces/b/configmaps?watch=1&resourceVersion={rv}"),
+            &[],
+        )
+        .await;
+    let mut one = c
+        .watch(
+            &format!(
+                "/api/v1/namespaces/b/configmaps?watch=1&resourceVersion={rv}&fieldSelector=metadata.name%3Da"
+            ),
+            &[],
+        )
+        .await;
+    assert_eq!((all.status.as_u16(), one.status.as_u16()), (200, 200));
+    let written = Instant::now();
+    c.post_json("/api/v1/namespaces/b/configmaps", &cm("b", "a", "x"))
+        .await;
+    let e = one.event(SOON).await;
+    assert_eq!(e["object"]["metadata"]["name"], "a");
+    let pinned = written.elapsed();
+    c.post_json("/api/v1/namespaces/b/configmaps", &cm("b", "b", "x"))
+        .await;
+    let chunk = all.next_frame(window * 4).await.expect("a chunk");
+    let held = written.elapsed();
+    let names: Vec<String> = chunk
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let e: Value = serde_json::from_slice(l).unwrap();
+            assert_eq!(e["type"], "ADDED", "{e}");
+            e["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(names, ["a", "b"], "both events in the window's one chunk");
+    assert!(pinned < window, "the pinned watch was held: {pinned:?}");
+    assert!(held >= window, "released before the window: {held:?}");
+    // The window's end is not a stream's end: the next event comes too.
+    c.post_json("/api/v1/namespaces/b/configmaps", &cm("b", "c", "x"))
+        .await;
+    assert_eq!(changes(&mut all, 1).await, [("ADDED".into(), "c".into())]);
+}
+
 /// Reads a watch until `n` events arrived, skipping bookmarks.
 async fn changes(w: &mut WatchStream, n: usize) -> Vec<(String, String)> {
     let mut out = Vec::new();

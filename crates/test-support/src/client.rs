@@ -86,6 +86,27 @@ impl WatchStream {
         }
     }
 
+    /// The next DATA frame of the body as it arrived (over HTTP/1.1, one
+    /// chunk of the chunked encoding: what the server wrote at once), or
+    /// `None` at the end of the body, on an error, or after `timeout`.
+    /// Only for a stream not yet read event by event (nothing buffered).
+    pub async fn next_frame(&mut self, timeout: Duration) -> Option<Bytes> {
+        assert!(self.buf.is_empty(), "next_frame after a partial event");
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        return Some(data);
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+
     /// The next frame of a protobuf watch (`;stream=watch`): its 4-byte
     /// big-endian length and the `WatchEvent` bytes; `None` at the end of
     /// the body or after `timeout`.
