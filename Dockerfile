@@ -24,6 +24,8 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM chef AS build
 COPY --from=planner /src/recipe.json recipe.json
+# jemalloc's build-time options (read when tikv-jemalloc-sys is built).
+COPY .cargo/ .cargo/
 RUN cargo chef cook --locked --profile image -p kube-cache-proxy --no-default-features \
     --bin kube-cache-proxy --recipe-path recipe.json
 COPY . .

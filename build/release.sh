@@ -12,6 +12,7 @@
 # linked), then checks the result:
 #   - the simulator is neither in the dependency graph (cargo tree) nor in
 #     the binary (no string names kube_apiserver_sim, no `demo` subcommand);
+#   - jemalloc carries the options of .cargo/config.toml;
 #   - the binary runs (`--version`) and is within the size budget
 #     (MAX_BYTES, default 24 MiB: 69 MiB unstripped, ~14 MiB stripped);
 # and prints its path and size. With DEST, installs it there (mode 0755).
@@ -55,6 +56,13 @@ fi
 help=$("$bin" --help)
 if grep -qE '^  demo( |$)' <<<"$help"; then
     fail "$bin has the demo subcommand"
+fi
+# jemalloc with the project's build-time options (.cargo/config.toml):
+# without them (a build outside this checkout), large lists' buffers stay
+# resident for seconds after they are sent.
+conf=$(sed -n 's/^JEMALLOC_SYS_WITH_MALLOC_CONF = "\(.*\)"$/\1/p' .cargo/config.toml)
+if [ -z "$conf" ] || ! grep -a -q -F "$conf" "$bin"; then
+    fail "$bin lacks jemalloc's options from .cargo/config.toml (${conf:-none found})"
 fi
 version=$("$bin" --version) || fail "$bin does not run"
 bytes=$(stat -c %s "$bin")
