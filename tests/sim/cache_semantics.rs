@@ -12,7 +12,7 @@ use http::Method;
 use kube_apiserver_sim::SimConfig;
 use kube_cache_proxy::component::config::CachedResource;
 use serde_json::{Value, json};
-use support::{Env, Identity, Next, QUIET, SOON, WatchStream};
+use support::{Client, Env, Identity, Next, QUIET, SOON, WatchStream};
 
 fn cms() -> Gvr {
     support::configmaps()
@@ -30,6 +30,14 @@ async fn env_with(customize: impl FnOnce(&mut kube_cache_proxy::component::confi
     .await;
     env.ready().await;
     env
+}
+
+/// The resourceVersion of a list of `path`.
+async fn list_rv(c: &Client, path: &str) -> String {
+    c.get(path).await.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 async fn metric(env: &Env, prefix: &str) -> f64 {
@@ -644,14 +652,7 @@ async fn k_clients_cost_one_upstream_watch() {
         .collect();
     let mut watches = Vec::new();
     for (i, c) in clients.iter().enumerate() {
-        let l = c
-            .get("/api/v1/namespaces/k/configmaps?resourceVersion=0")
-            .await
-            .json();
-        let rv = l["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let rv = list_rv(c, "/api/v1/namespaces/k/configmaps?resourceVersion=0").await;
         let path = if i % 2 == 0 {
             format!("/api/v1/namespaces/k/configmaps?watch=1&resourceVersion={rv}")
         } else {
@@ -691,14 +692,7 @@ async fn many_streams_of_one_http2_connection_get_each_event_at_once() {
     // back past the next turn of the scheduler.
     let env = env_with(|_| {}).await;
     let c = env.proxy_h2(Identity::admin().auth(&env.sim));
-    let l = c
-        .get("/api/v1/namespaces/h2/configmaps?resourceVersion=0")
-        .await
-        .json();
-    let rv = l["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let rv = list_rv(&c, "/api/v1/namespaces/h2/configmaps?resourceVersion=0").await;
     let path = format!("/api/v1/namespaces/h2/configmaps?watch=1&resourceVersion={rv}");
     let mut watches = Vec::new();
     for _ in 0..100 {
@@ -733,14 +727,7 @@ async fn with_a_batch_window_a_watch_of_the_resource_gets_its_events_in_one_chun
     let env = env_with(|c| c.cache.watch_batch_milliseconds = 1500).await;
     // HTTP/1.1: each write of the watch is one chunk of its body.
     let c = env.proxy(Identity::admin().auth(&env.sim));
-    let l = c
-        .get("/api/v1/namespaces/b/configmaps?resourceVersion=0")
-        .await
-        .json();
-    let rv = l["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let rv = list_rv(&c, "/api/v1/namespaces/b/configmaps?resourceVersion=0").await;
     let mut all = c
         .watch(
             &format!("/api/v1/namespaces/b/configmaps?watch=1&resourceVersion={rv}"),
@@ -819,11 +806,7 @@ async fn a_slow_watcher_is_closed_without_slowing_the_others() {
     })
     .await;
     let c = env.proxy_h2(Identity::admin().auth(&env.sim));
-    let rv =
-        c.get("/api/v1/namespaces/slow/configmaps").await.json()["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap()
-            .to_string();
+    let rv = list_rv(&c, "/api/v1/namespaces/slow/configmaps").await;
     let path = format!("/api/v1/namespaces/slow/configmaps?watch=1&resourceVersion={rv}");
     // The slow client never reads its stream: socket buffers and its
     // buffer fill up, then the budget runs out.
