@@ -22,9 +22,20 @@ use rustls_pki_types::ServerName;
 use super::balance::{BalancedConnector, Balancer};
 use apimachinery::body::{Body, BoxError};
 
-/// HTTP/2 PING and TCP keepalive interval to the apiserver, and how long a
-/// PING may go unanswered.
+/// HTTP/2 PING and TCP keepalive interval to the apiserver: a PING goes
+/// out once nothing was read on a connection for this long.
 const KEEPALIVE: Duration = Duration::from_secs(5);
+/// How long a PING may go unanswered before the connection, and every
+/// stream on it, is given up: client-go's own (`HTTP2_PING_TIMEOUT_SECONDS`,
+/// 15 s, `k8s.io/apimachinery/pkg/util/net/http.go`
+/// `readIdleTimeoutSeconds`/`pingTimeoutSeconds`). 5 s, as before, tore
+/// every node proxy's upstream connections down in a mass restart on an
+/// overloaded control plane (the apiserver's `GET` p99 at 15 s), where the
+/// kubelets direct kept theirs: 1,032 pass-through failures and every
+/// cache's watch resumed (docs/performance.md (k), "The mass restart's
+/// convergence"). A proxy must not give up on a slow apiserver sooner than
+/// the client it stands in for would.
+const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
 type HttpsConnector = hyper_rustls::HttpsConnector<BalancedConnector>;
 pub(super) type Pool = Client<TimeoutConnector<HttpsConnector>, Body>;
@@ -195,10 +206,11 @@ impl Transport {
                 .pool_idle_timeout(idle_timeout)
                 .pool_timer(hyper_util::rt::TokioTimer::new())
                 // A hung apiserver (or a black-holed path) is noticed within
-                // 2 × KEEPALIVE: its watches, pass-through requests and
-                // probes on the connection fail and are retried elsewhere.
+                // KEEPALIVE + PING_TIMEOUT: its watches, pass-through
+                // requests and probes on the connection fail and are
+                // retried elsewhere.
                 .http2_keep_alive_interval(Some(KEEPALIVE))
-                .http2_keep_alive_timeout(KEEPALIVE)
+                .http2_keep_alive_timeout(PING_TIMEOUT)
                 .timer(hyper_util::rt::TokioTimer::new())
                 .build(connector.clone())
         };

@@ -519,12 +519,13 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
             h.stop();
         }
         let t0 = Instant::now();
+        pods.mark(t0);
         let wall0 = SystemTime::now();
         let h0 = harness_lists();
         for h in &mut hollows {
             h.start(&cp)?;
         }
-        nodes_ready(
+        let ready = nodes_ready(
             &admin,
             &cp,
             &mut hollows,
@@ -581,6 +582,11 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
                 .collect::<Vec<_>>()
                 .join(", "),
             r.init_events
+        );
+        println!(
+            "  timeline: every node Ready with its Lease renewed at {:.1} s; {}",
+            ready.as_secs_f64(),
+            pods.restart_timeline(t0)
         );
         println!("  API call p99 during it, worst: {}", worst(&r.api_p99));
         print_restart_lists(&m0, &m1);
@@ -1138,12 +1144,18 @@ struct Seen {
     /// `namespace/name`, and the node it is bound to once it is.
     name: String,
     node: String,
+    /// Since [`Pods::mark`]: when it was first written again, and when it
+    /// was first seen running again.
+    rewritten: Option<Instant>,
+    running_again: Option<Instant>,
 }
 
 /// What a watch of every pod has seen, by uid.
 #[derive(Default)]
 struct PodState {
     pods: HashMap<String, Seen>,
+    /// The mass restart's start, once it is under way.
+    mark: Option<Instant>,
 }
 
 /// A watch of every pod of the load (namespaces `load-*`), straight to
@@ -1241,6 +1253,69 @@ impl Pods {
         v
     }
 
+    /// From now on, note when each pod is first written again and first
+    /// seen running again (the mass restart's timeline).
+    fn mark(&self, t0: Instant) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.mark = Some(t0);
+        for p in s.pods.values_mut() {
+            p.rewritten = None;
+            p.running_again = None;
+        }
+    }
+
+    /// The mass restart's timeline, from `t0`: when pods were first written
+    /// again and first seen running again (p50 / p90 / p99 / max), and the
+    /// nodes whose last pod ran again latest, with their first and last.
+    fn restart_timeline(&self, t0: Instant) -> String {
+        let s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let secs = |t: Instant| t.saturating_duration_since(t0).as_secs_f64();
+        let quantiles = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            let q = |p: f64| {
+                v.get(((v.len() as f64 * p).ceil() as usize).saturating_sub(1))
+                    .copied()
+                    .unwrap_or(f64::NAN)
+            };
+            format!(
+                "{:.1} / {:.1} / {:.1} / {:.1} s",
+                q(0.5),
+                q(0.9),
+                q(0.99),
+                q(1.0)
+            )
+        };
+        let rewritten = s.pods.values().filter_map(|p| p.rewritten.map(secs));
+        let running = s.pods.values().filter_map(|p| p.running_again.map(secs));
+        let mut by_node: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+        for p in s.pods.values() {
+            if let Some(t) = p.running_again.map(secs) {
+                let e = by_node.entry(&p.node).or_insert((t, t));
+                e.0 = e.0.min(t);
+                e.1 = e.1.max(t);
+            }
+        }
+        let mut nodes: Vec<_> = by_node.into_iter().collect();
+        nodes.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        format!(
+            "pods written again p50/p90/p99/max {}; running again {}; latest nodes (first-last pod running again): {}",
+            quantiles(rewritten.collect()),
+            quantiles(running.collect()),
+            nodes
+                .iter()
+                .take(5)
+                .map(|(n, (a, b))| format!("{n} {a:.1}-{b:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
     fn stop(&self) {
         self.stop.cancel();
     }
@@ -1298,6 +1373,7 @@ async fn watch_pods(admin: &Target, state: &Mutex<PodState>, rv: &mut String) ->
             let mut s = state
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mark = s.mark;
             if e["type"] == "DELETED" {
                 s.pods.remove(&uid);
                 continue;
@@ -1315,9 +1391,17 @@ async fn watch_pods(admin: &Target, state: &Mutex<PodState>, rv: &mut String) ->
                     pod["metadata"]["name"].as_str().unwrap_or_default()
                 ),
                 node: String::new(),
+                rewritten: None,
+                running_again: None,
             });
             if let Some(node) = pod["spec"]["nodeName"].as_str() {
                 node.clone_into(&mut seen.node);
+            }
+            if mark.is_some_and(|m| now > m) {
+                seen.rewritten.get_or_insert(now);
+                if running {
+                    seen.running_again.get_or_insert(now);
+                }
             }
             seen.running = running;
             seen.changed = now;
