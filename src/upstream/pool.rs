@@ -26,15 +26,12 @@ use apimachinery::body::{Body, BoxError};
 /// out once nothing was read on a connection for this long.
 const KEEPALIVE: Duration = Duration::from_secs(5);
 /// How long a PING may go unanswered before the connection, and every
-/// stream on it, is given up: client-go's own (`HTTP2_PING_TIMEOUT_SECONDS`,
-/// 15 s, `k8s.io/apimachinery/pkg/util/net/http.go`
-/// `readIdleTimeoutSeconds`/`pingTimeoutSeconds`). 5 s, as before, tore
-/// every node proxy's upstream connections down in a mass restart on an
-/// overloaded control plane (the apiserver's `GET` p99 at 15 s), where the
-/// kubelets direct kept theirs: 1,032 pass-through failures and every
-/// cache's watch resumed (docs/performance.md (k), "The mass restart's
-/// convergence"). A proxy must not give up on a slow apiserver sooner than
-/// the client it stands in for would.
+/// stream on it, is given up: client-go's own default
+/// (`HTTP2_PING_TIMEOUT_SECONDS`, 15 s, `k8s.io/apimachinery/pkg/util/net/http.go`).
+/// A proxy must not give up on a slow apiserver sooner than the client it
+/// stands in for: 5 s tore the node proxies' upstream connections down in
+/// a mass restart on a busy control plane, where the kubelets direct kept
+/// theirs (docs/performance.md (k), "The mass restart's convergence").
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
 type HttpsConnector = hyper_rustls::HttpsConnector<BalancedConnector>;

@@ -1276,23 +1276,20 @@ impl Pods {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let secs = |t: Instant| t.saturating_duration_since(t0).as_secs_f64();
-        let quantiles = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            let q = |p: f64| {
-                v.get(((v.len() as f64 * p).ceil() as usize).saturating_sub(1))
-                    .copied()
-                    .unwrap_or(f64::NAN)
-            };
+        let quantiles = |times: &mut dyn Iterator<Item = Instant>| {
+            let mut v: Vec<u32> = times
+                .map(|t| micros(t.saturating_duration_since(t0)))
+                .collect();
+            let q = Summary::of(&mut v);
+            let s = |us: u64| us as f64 / 1e6;
             format!(
                 "{:.1} / {:.1} / {:.1} / {:.1} s",
-                q(0.5),
-                q(0.9),
-                q(0.99),
-                q(1.0)
+                s(q.p50),
+                s(q.p90),
+                s(q.p99),
+                s(q.max)
             )
         };
-        let rewritten = s.pods.values().filter_map(|p| p.rewritten.map(secs));
-        let running = s.pods.values().filter_map(|p| p.running_again.map(secs));
         let mut by_node: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
         for p in s.pods.values() {
             if let Some(t) = p.running_again.map(secs) {
@@ -1305,8 +1302,8 @@ impl Pods {
         nodes.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
         format!(
             "pods written again p50/p90/p99/max {}; running again {}; latest nodes (first-last pod running again): {}",
-            quantiles(rewritten.collect()),
-            quantiles(running.collect()),
+            quantiles(&mut s.pods.values().filter_map(|p| p.rewritten)),
+            quantiles(&mut s.pods.values().filter_map(|p| p.running_again)),
             nodes
                 .iter()
                 .take(5)
