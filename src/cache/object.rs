@@ -37,13 +37,46 @@ pub enum IngestError {
 }
 
 /// Selectable fields beyond `metadata.name` and `metadata.namespace`
-/// (which the key holds): `spec.nodeName`, `status.phase`...
-type ExtraFields = Box<[(&'static str, Box<str>)]>;
+/// (which the key holds): `spec.nodeName`, `status.phase`... Their values
+/// lie end to end in one string: two allocations for a pod's eight
+/// fields, not nine.
+#[derive(Debug, Clone, Default)]
+struct ExtraFields {
+    /// Each field's name and the end of its value in `values`.
+    names: Box<[(&'static str, u32)]>,
+    values: Box<str>,
+}
+
+impl ExtraFields {
+    fn new(fields: impl Iterator<Item = (&'static str, String)>) -> Self {
+        let mut names = Vec::new();
+        let mut values = String::new();
+        for (name, value) in fields {
+            values.push_str(&value);
+            names.push((name, values.len() as u32));
+        }
+        ExtraFields {
+            names: names.into_boxed_slice(),
+            values: values.into_boxed_str(),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        let i = self.names.iter().position(|(n, _)| *n == name)?;
+        let start = i.checked_sub(1).map_or(0, |p| self.names[p].1 as usize);
+        self.values.get(start..self.names[i].1 as usize)
+    }
+
+    /// Bytes allocated for them, about.
+    fn heap_size(&self) -> usize {
+        std::mem::size_of_val(&*self.names) + self.values.len()
+    }
+}
 
 /// Where the labels are: byte ranges of each key and value in the object's
 /// JSON (one small allocation, none without labels), or, in the rare case
 /// a label needed JSON unescaping, owned strings.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum LabelStore {
     Spans(Box<[[u32; 4]]>),
     Owned(Box<[(Box<str>, Box<str>)]>),
@@ -111,6 +144,9 @@ pub struct CachedObject {
     meta_span: (u32, u32),
     /// Whether `metadata.namespace` is a selectable field.
     namespaced: bool,
+    /// The store's chunk `json` is a slice of, or 0 when it is an
+    /// allocation of its own (`store::pack`).
+    pack: u32,
     labels: LabelStore,
     fields: ExtraFields,
 }
@@ -191,15 +227,15 @@ impl CachedObject {
         let item_offset = item_offset(&json, meta_at).unwrap_or(0) as u32;
 
         let labels = label_store(&json, meta.labels.unwrap_or_default());
-        let fields: ExtraFields = if field_set.needs_body() {
-            field_set
-                .extract_json(&json, namespaced)?
-                .into_iter()
-                .filter(|(k, _)| !matches!(*k, "metadata.name" | "metadata.namespace"))
-                .map(|(k, v)| (k, v.into_boxed_str()))
-                .collect()
+        let fields = if field_set.needs_body() {
+            ExtraFields::new(
+                field_set
+                    .extract_json(&json, namespaced)?
+                    .into_iter()
+                    .filter(|(k, _)| !matches!(*k, "metadata.name" | "metadata.namespace")),
+            )
         } else {
-            Box::default()
+            ExtraFields::default()
         };
         let (key, ns_len): (Arc<str>, u32) = if meta.namespace.is_empty() {
             (Arc::from(&*meta.name), 0)
@@ -218,6 +254,7 @@ impl CachedObject {
             rv_span,
             meta_span,
             namespaced,
+            pack: 0,
             labels,
             fields,
         })
@@ -318,6 +355,36 @@ impl CachedObject {
         out.freeze()
     }
 
+    /// The store's chunk the JSON is a slice of (0: none).
+    pub(crate) fn pack_id(&self) -> u32 {
+        self.pack
+    }
+
+    /// Puts the JSON in the store's chunk `pack`: `json` must be the same
+    /// bytes, as a slice of that chunk.
+    pub(crate) fn set_packed(&mut self, json: Bytes, pack: u32) {
+        debug_assert_eq!(json, self.json);
+        self.json = json;
+        self.pack = pack;
+    }
+
+    /// The same object with its JSON in an allocation of its own.
+    pub(crate) fn unpacked(&self) -> CachedObject {
+        CachedObject {
+            key: self.key.clone(),
+            ns_len: self.ns_len,
+            rv: self.rv,
+            json: Bytes::copy_from_slice(&self.json),
+            item_offset: self.item_offset,
+            rv_span: self.rv_span,
+            meta_span: self.meta_span,
+            namespaced: self.namespaced,
+            pack: 0,
+            labels: self.labels.clone(),
+            fields: self.fields.clone(),
+        }
+    }
+
     /// Whether the object is namespaced.
     pub fn is_namespaced(&self) -> bool {
         self.namespaced
@@ -341,7 +408,7 @@ impl CachedObject {
         match name {
             "metadata.name" => Some(self.name()),
             "metadata.namespace" if self.namespaced => Some(self.namespace()),
-            _ => Pairs::get(&*self.fields, name),
+            _ => self.fields.get(name),
         }
     }
 
@@ -352,8 +419,11 @@ impl CachedObject {
             LabelStore::Spans(spans) => std::mem::size_of_val(&**spans),
             LabelStore::Owned(pairs) => pairs.iter().map(|(k, v)| k.len() + v.len() + 32).sum(),
         };
-        let fields: usize = self.fields.iter().map(|(_, v)| v.len() + 32).sum();
-        std::mem::size_of::<CachedObject>() + self.json.len() + self.key.len() + labels + fields
+        std::mem::size_of::<CachedObject>()
+            + self.json.len()
+            + self.key.len()
+            + labels
+            + self.fields.heap_size()
     }
 }
 

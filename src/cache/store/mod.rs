@@ -18,6 +18,7 @@
 //! snapshots, where a watcher starts); `watchers` the watchers, their
 //! index and their dispatch, catch-up and closing.
 
+mod pack;
 mod state;
 mod watchers;
 

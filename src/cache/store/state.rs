@@ -15,6 +15,7 @@ use crate::cache::event::{Event, EventType};
 use crate::cache::filter::Filter;
 use crate::cache::object::CachedObject;
 
+use super::pack::{Packs, Sparse};
 use super::watchers::{CatchUp, Delivery, Outcome, WatcherLink, Watchers};
 
 /// The objects of a resource, by storage key, in the apiserver's order.
@@ -96,6 +97,8 @@ pub struct State {
     synced: bool,
     bytes: usize,
     watchers: Watchers,
+    /// The chunks the objects' JSON is packed into.
+    packs: Packs,
 }
 
 impl std::fmt::Debug for State {
@@ -126,6 +129,7 @@ impl State {
             synced: false,
             bytes: 0,
             watchers: Watchers::default(),
+            packs: Packs::default(),
         }
     }
 
@@ -160,6 +164,12 @@ impl State {
         self.bytes
     }
 
+    /// The chunks the objects' JSON is packed into (for tests).
+    #[cfg(test)]
+    pub(super) fn packs(&self) -> &Packs {
+        &self.packs
+    }
+
     /// Number of registered watchers.
     pub fn watcher_count(&self) -> usize {
         self.watchers.count()
@@ -174,7 +184,7 @@ impl State {
                 ..Outcome::default()
             };
         }
-        let object = Arc::new(object);
+        let mut object = object;
         let prev = self.objects.get(object.key()).cloned();
         let kind = match (kind, &prev) {
             // A MODIFIED for an object we never saw is, to a watcher, new.
@@ -188,8 +198,31 @@ impl State {
             self.rv = object.rv;
             return Outcome::default();
         }
-        let event = Arc::new(Event::new(object.rv, kind, object, prev));
-        self.push(event, now)
+        // A deleted object's last state is only ever in the history.
+        let closed = (kind != EventType::Deleted)
+            .then(|| self.packs.place(&mut object, self.bytes))
+            .flatten();
+        let event = Arc::new(Event::new(object.rv, kind, Arc::new(object), prev));
+        let outcome = self.push(event, now);
+        if let Some(sparse) = closed {
+            self.unpack(sparse);
+        }
+        outcome
+    }
+
+    /// Copies the objects still current in a sparse chunk into allocations
+    /// of their own, so that the chunk is freed once the history and
+    /// readers drop its old versions (`store::pack`).
+    fn unpack(&mut self, sparse: Sparse) {
+        for key in sparse.keys {
+            let Some(o) = self.objects.get(&key) else {
+                continue;
+            };
+            if o.pack_id() == sparse.id {
+                let copy = Arc::new(o.unpacked());
+                self.objects.insert(key, copy);
+            }
+        }
     }
 
     /// Records upstream progress (a bookmark). Returns whether the RV moved.
@@ -208,8 +241,12 @@ impl State {
             ..Outcome::default()
         };
         let key = event.object.key_arc().clone();
+        let mut sparse = None;
         if let Some(prev) = &event.prev {
             self.bytes = self.bytes.saturating_sub(prev.heap_size());
+            if prev.pack_id() != 0 {
+                sparse = self.packs.left(prev.pack_id());
+            }
         }
         match event.kind {
             EventType::Deleted => {
@@ -219,6 +256,9 @@ impl State {
                 self.bytes += event.object.heap_size();
                 self.objects.insert(key, event.object.clone());
             }
+        }
+        if let Some(sparse) = sparse {
+            self.unpack(sparse);
         }
         self.rv = event.rv;
         self.watchers.dispatch(
@@ -267,7 +307,23 @@ impl State {
     /// and the history reset, as the apiserver's cacher always does.
     pub fn replace(&mut self, items: Vec<CachedObject>, list_rv: u64, now: Instant) -> Outcome {
         let mut fresh = Objects::new();
-        for item in items {
+        // The first fill is the whole store: its objects are packed. A
+        // later list's objects enter the store as events (packed by
+        // `apply` no more than those are), or, on a reset, keep their own
+        // allocations (a rare event, not worth a second copy of the list
+        // under the lock).
+        let pack = !self.synced;
+        let total: usize = if pack {
+            self.packs.clear();
+            items.iter().map(|o| o.json().len()).sum()
+        } else {
+            0
+        };
+        for mut item in items {
+            if pack {
+                // Every object of the fill is current: no chunk is sparse.
+                let _ = self.packs.place(&mut item, total);
+            }
             let item = Arc::new(item);
             fresh.insert(item.key_arc().clone(), item);
         }
@@ -311,6 +367,7 @@ impl State {
             }
             None => {
                 let mut outcome = Outcome::default();
+                self.packs.clear();
                 self.watchers.reset(&mut outcome);
                 self.bytes = fresh.values().map(|o| o.heap_size()).sum();
                 self.objects = fresh;

@@ -399,3 +399,113 @@ fn label_transitions_through_store() {
     s.apply(EventType::Modified, pod("a", 12, "n1", "x"), now);
     assert_eq!(types(&mut r.rx), vec!["ADDED a 11", "DELETED a 12"]);
 }
+
+/// A pod of about 4 KiB (`pad` bytes of annotation), as the packing tests
+/// need a store of several chunks.
+fn big_pod(name: &str, rv: u64, pad: usize) -> CachedObject {
+    let json = format!(
+        r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}","annotations":{{"pad":"{}"}}}},"spec":{{"nodeName":"n1"}}}}"#,
+        "x".repeat(pad)
+    );
+    CachedObject::from_json(json.as_bytes(), FieldSet::Pod, true).unwrap()
+}
+
+/// Consecutive objects of one chunk lie end to end in it.
+fn adjacent(a: &CachedObject, b: &CachedObject) -> bool {
+    a.json().as_ptr() as usize + a.json().len() == b.json().as_ptr() as usize
+}
+
+#[test]
+fn a_first_fill_is_packed_end_to_end() {
+    use super::pack::{CHUNK, MIN_STORE_BYTES};
+    let mut s = State::new(settings(100, 10));
+    let n = 2 * MIN_STORE_BYTES / 4096;
+    let items: Vec<_> = (0..n)
+        .map(|i| big_pod(&format!("p{i:05}"), i as u64 + 1, 4000))
+        .collect();
+    let wanted: Vec<_> = items.iter().map(|o| o.json().clone()).collect();
+    s.replace(items, n as u64 + 1, Instant::now());
+    let objects: Vec<_> = s.objects().values().cloned().collect();
+    assert_eq!(objects.len(), n);
+    // The same bytes, every object in a chunk, neighbours end to end.
+    for (o, json) in objects.iter().zip(&wanted) {
+        assert_eq!(o.json(), json);
+        assert_ne!(o.pack_id(), 0);
+    }
+    let per_chunk = CHUNK / objects[0].json().len();
+    assert!(adjacent(&objects[0], &objects[1]));
+    assert_eq!(objects[0].pack_id(), objects[per_chunk - 1].pack_id());
+    assert_ne!(objects[0].pack_id(), objects[per_chunk].pack_id());
+    assert_eq!(s.packs().chunks(), n.div_ceil(per_chunk));
+}
+
+#[test]
+fn events_are_packed_once_the_store_is_big_and_a_sparse_chunk_is_unpacked() {
+    use super::pack::{MAX_PACKED, MIN_STORE_BYTES};
+    let mut s = synced(100_000, 10);
+    let now = Instant::now();
+    let mut rv = 10;
+    let mut add = |s: &mut State, name: String, pad: usize| {
+        rv += 1;
+        s.apply(EventType::Added, big_pod(&name, rv, pad), now);
+    };
+    let n = 2 * MIN_STORE_BYTES / 4096;
+    for i in 0..n {
+        add(&mut s, format!("p{i:05}"), 4000);
+    }
+    // Too big to pack.
+    add(&mut s, "huge".into(), MAX_PACKED + 1);
+    let get = |s: &State, k: &str| s.objects().get(k).unwrap().clone();
+    assert_eq!(
+        get(&s, "ns/p00000").pack_id(),
+        0,
+        "a small store is not packed"
+    );
+    assert_eq!(get(&s, "ns/huge").pack_id(), 0);
+    let last = get(&s, &format!("ns/p{:05}", n - 1));
+    assert_ne!(last.pack_id(), 0);
+
+    // A closed chunk: the one of an object in the second half.
+    let chunk = get(&s, &format!("ns/p{:05}", n / 2)).pack_id();
+    let members: Vec<String> = (0..n)
+        .map(|i| format!("ns/p{i:05}"))
+        .filter(|k| get(&s, k).pack_id() == chunk)
+        .collect();
+    assert!(members.len() > 8, "{} objects in a chunk", members.len());
+    for w in members.windows(2) {
+        assert!(adjacent(&get(&s, &w[0]), &get(&s, &w[1])));
+    }
+    let before: Vec<_> = members.iter().map(|k| get(&s, k).json().clone()).collect();
+    // A quarter of its objects replaced: not yet sparse.
+    let quarter = members.len() / 4;
+    for k in &members[..quarter] {
+        let name = k.strip_prefix("ns/").unwrap().to_string();
+        add(&mut s, name, 3000);
+    }
+    assert!(
+        members[quarter..]
+            .iter()
+            .all(|k| get(&s, k).pack_id() == chunk)
+    );
+    // One more: the rest are copied out, with the same bytes.
+    let name = members[quarter].strip_prefix("ns/").unwrap().to_string();
+    add(&mut s, name, 3000);
+    for (k, json) in members.iter().zip(&before).skip(quarter + 1) {
+        let o = get(&s, k);
+        assert_eq!(o.pack_id(), 0, "{k} copied out");
+        assert_eq!(o.json(), json);
+    }
+    // Deleting the rest of a chunk's objects forgets it.
+    let chunks = s.packs().chunks();
+    let last_chunk = last.pack_id();
+    let open: Vec<String> = (0..n)
+        .map(|i| format!("ns/p{i:05}"))
+        .filter(|k| get(&s, k).pack_id() == last_chunk)
+        .collect();
+    for k in &open {
+        let name = k.strip_prefix("ns/").unwrap();
+        rv += 1;
+        s.apply(EventType::Deleted, big_pod(name, rv, 4000), now);
+    }
+    assert!(s.packs().chunks() < chunks);
+}
