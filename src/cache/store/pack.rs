@@ -16,9 +16,10 @@
 //! longer being filled has fewer than three quarters of its objects
 //! current, the rest are copied out into allocations of their own
 //! ([`State`](super::State) does, under its lock), and the chunk is freed
-//! once the history and any reader let go of its old versions. A chunk
-//! therefore holds at most 4/3 of its current objects' bytes for longer
-//! than the history keeps events, against the size class's up to 5/4.
+//! once the history and any reader let go of its old versions. For
+//! longer than the history keeps events, a chunk is therefore kept only
+//! while at least three quarters of its objects are current: about 4/3 of
+//! their bytes at worst, against the size class's up to 5/4.
 //!
 //! [jemalloc(3)]: https://jemalloc.net/jemalloc.3.html
 
