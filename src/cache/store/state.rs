@@ -308,10 +308,10 @@ impl State {
     pub fn replace(&mut self, items: Vec<CachedObject>, list_rv: u64, now: Instant) -> Outcome {
         let mut fresh = Objects::new();
         // The first fill is the whole store: its objects are packed. A
-        // later list's objects enter the store as events (packed by
-        // `apply` no more than those are), or, on a reset, keep their own
-        // allocations (a rare event, not worth a second copy of the list
-        // under the lock).
+        // later list's (after `410 Gone`, a rare event) keep their own
+        // allocations, whether its changes enter the store as events or
+        // it resets the store: packing would copy the list again under
+        // the lock, before it is known which objects stay.
         let pack = !self.synced;
         let total: usize = if pack {
             self.packs.clear();
