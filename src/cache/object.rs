@@ -195,7 +195,8 @@ fn offset_in(outer: &[u8], inner: &str) -> Option<usize> {
 impl CachedObject {
     /// Ingests one object. `json` must be the complete object including
     /// `kind` and `apiVersion`; it is copied into an allocation of its own
-    /// so that it never pins a larger read buffer.
+    /// so that it never pins a larger read buffer (a big store then moves
+    /// it into a shared chunk of its own making: `store::pack`).
     ///
     /// # Errors
     /// [`IngestError`] when the object is malformed.
