@@ -509,3 +509,41 @@ fn events_are_packed_once_the_store_is_big_and_a_sparse_chunk_is_unpacked() {
     }
     assert!(s.packs().chunks() < chunks);
 }
+
+#[test]
+fn under_churn_the_chunks_are_as_many_as_the_current_objects_need() {
+    use super::pack::{CHUNK, MIN_STORE_BYTES};
+    let mut s = synced(100, 10);
+    let now = Instant::now();
+    let n = 2 * MIN_STORE_BYTES / 4096;
+    let mut rv = 10;
+    // Object `i` changes in rounds 1 to `i % 20`, then stays: each round's
+    // chunks keep a few objects for good, which would otherwise hold them.
+    for round in 0..20 {
+        for i in (0..n).filter(|i| round <= i % 20) {
+            rv += 1;
+            let kind = if round == 0 {
+                EventType::Added
+            } else {
+                EventType::Modified
+            };
+            s.apply(kind, big_pod(&format!("p{i:05}"), rv, 4000), now);
+        }
+    }
+    // Every object is current in a chunk kept for it, or copied out; a
+    // chunk is kept only while three quarters of its objects are current.
+    let bytes: usize = s.objects().values().map(|o| o.json().len()).sum();
+    let needed = (bytes * 4 / 3).div_ceil(CHUNK) + 1;
+    assert!(
+        s.packs().chunks() > 0 && s.packs().chunks() <= needed,
+        "{} chunks tracked for {bytes} bytes of objects",
+        s.packs().chunks()
+    );
+    assert_eq!(
+        s.objects()
+            .values()
+            .filter(|o| o.json().len() > 4000)
+            .count(),
+        n
+    );
+}
