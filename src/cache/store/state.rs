@@ -177,14 +177,13 @@ impl State {
 
     /// Applies an upstream event. Events at or below the cache's RV are
     /// ignored (a resumed or duplicate stream).
-    pub fn apply(&mut self, kind: EventType, object: CachedObject, now: Instant) -> Outcome {
+    pub fn apply(&mut self, kind: EventType, mut object: CachedObject, now: Instant) -> Outcome {
         if object.rv <= self.rv {
             return Outcome {
                 stale: true,
                 ..Outcome::default()
             };
         }
-        let mut object = object;
         let prev = self.objects.get(object.key()).cloned();
         let kind = match (kind, &prev) {
             // A MODIFIED for an object we never saw is, to a watcher, new.
@@ -314,7 +313,6 @@ impl State {
         // the lock, before it is known which objects stay.
         let pack = !self.synced;
         let total: usize = if pack {
-            self.packs.clear();
             items.iter().map(|o| o.json().len()).sum()
         } else {
             0
