@@ -7,6 +7,8 @@
 //! encodings present, relative to its JSON. Times:
 //! - `transcode`: the one-time protobuf encoding of an object version
 //!   (the first protobuf reader pays it, every other reader shares it);
+//! - `transcoder/<kind>/{streaming,tree}`: the object's message alone, by
+//!   the streaming transcoder and by the tree transcoder it falls back to;
 //! - `frame/<kind>/<representation>`: building one watch event's frame
 //!   for the first watcher in a representation (the others share it),
 //!   from an object whose protobuf form is already held.
@@ -153,6 +155,31 @@ fn encode(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(case.json.len() as u64));
         g.bench_function(case.name, |b| {
             b.iter(|| codec.encode(black_box(case.json.as_bytes())).unwrap())
+        });
+    }
+    g.finish();
+
+    // The object's message alone, by each of the two transcoders: the
+    // streaming one (`apimachinery::protobuf::transcode`, which falls back
+    // to the tree) and the tree transcoder alone.
+    let mut g = c.benchmark_group("transcoder");
+    for case in cases() {
+        let message = apimachinery::protobuf::message_for(case.group, "v1", case.kind).unwrap();
+        let json = case.json.as_bytes();
+        let mut out = Vec::with_capacity(16 << 10);
+        g.throughput(Throughput::Bytes(json.len() as u64));
+        g.bench_function(format!("{}/streaming", case.name), |b| {
+            b.iter(|| {
+                out.clear();
+                apimachinery::protobuf::transcode(black_box(json), message, &mut out).unwrap();
+            })
+        });
+        g.bench_function(format!("{}/tree", case.name), |b| {
+            b.iter(|| {
+                out.clear();
+                apimachinery::protobuf::transcode_reference(black_box(json), message, &mut out)
+                    .unwrap();
+            })
         });
     }
     g.finish();

@@ -16,6 +16,7 @@
 
 pub mod schema;
 pub mod schema_types;
+mod stream;
 pub mod transcode;
 
 use std::ops::Range;
@@ -23,7 +24,7 @@ use std::ops::Range;
 use prost::encoding::{WireType, decode_key, decode_varint, encode_key, encode_varint};
 
 pub use schema_types::Message;
-pub use transcode::{TranscodeError, transcode};
+pub use transcode::{TranscodeError, transcode, transcode_reference};
 
 /// The prefix of every protobuf-encoded object.
 pub const MAGIC: &[u8; 4] = b"k8s\0";
