@@ -315,6 +315,18 @@ impl<'a> Cur<'a> {
         }
     }
 
+    /// At an opening `{` or `[`: steps over it, and over `close` if it
+    /// follows (true: the container is empty).
+    #[inline]
+    fn open_empty(&mut self, close: u8) -> R<bool> {
+        self.i += 1;
+        let empty = self.ws()? == close;
+        if empty {
+            self.i += 1;
+        }
+        Ok(empty)
+    }
+
     /// After a value: `,` (true: another follows) or `close`.
     #[inline]
     fn more(&mut self, close: u8) -> R<bool> {
@@ -408,9 +420,7 @@ impl<'a> Cur<'a> {
                 self.string()?;
             }
             b'{' => {
-                self.i += 1;
-                if self.ws()? == b'}' {
-                    self.i += 1;
+                if self.open_empty(b'}')? {
                     return Ok(());
                 }
                 loop {
@@ -426,9 +436,7 @@ impl<'a> Cur<'a> {
                 }
             }
             b'[' => {
-                self.i += 1;
-                if self.ws()? == b']' {
-                    self.i += 1;
+                if self.open_empty(b']')? {
                     return Ok(());
                 }
                 loop {
@@ -854,12 +862,9 @@ fn object(
         return Err(Bail);
     }
     let message = MESSAGES.get(index).ok_or(Bail)?;
-    cur.i += 1;
     let mut frame = Frame::new(message, out, scratch);
     let mut inline: Option<Open> = None;
-    if cur.ws()? == b'}' {
-        cur.i += 1;
-    } else {
+    if !cur.open_empty(b'}')? {
         loop {
             if cur.ws()? != b'"' {
                 return Err(Bail);
@@ -941,9 +946,7 @@ fn value(
             if c != b'[' {
                 return Err(Bail);
             }
-            cur.i += 1;
-            if cur.ws()? == b']' {
-                cur.i += 1;
+            if cur.open_empty(b']')? {
                 return Ok(());
             }
             loop {
@@ -1072,9 +1075,7 @@ fn map(
     scratch: &mut Scratch,
     depth: u32,
 ) -> R<()> {
-    cur.i += 1;
-    if cur.ws()? == b'}' {
-        cur.i += 1;
+    if cur.open_empty(b'}')? {
         return Ok(());
     }
     let mut previous: Option<&[u8]> = None;
