@@ -170,11 +170,13 @@ impl Kept {
 /// nothing, while versions read again (an object many nodes' agents
 /// list, a controller's repeated lists) are kept. A false positive keeps
 /// a version on its first read. Cleared once an eighth of its bits are
-/// set, which keeps false positives under one in eight.
+/// set, which keeps false positives under one in eight. Hashed with fixed
+/// keys, so that which versions collide is the same from run to run (a
+/// collision only keeps a form early, within the share).
 struct Doorkeeper {
     bits: Box<[AtomicU64]>,
     set: AtomicU64,
-    hasher: std::hash::RandomState,
+    hasher: std::hash::BuildHasherDefault<std::hash::DefaultHasher>,
 }
 
 impl Doorkeeper {
@@ -185,7 +187,7 @@ impl Doorkeeper {
         Self {
             bits: (0..Self::BITS / 64).map(|_| AtomicU64::new(0)).collect(),
             set: AtomicU64::new(0),
-            hasher: std::hash::RandomState::new(),
+            hasher: Default::default(),
         }
     }
 
