@@ -323,10 +323,12 @@ impl ProtoCodec {
     /// was read before, within the budget and the share); `None` when it
     /// cannot be encoded.
     pub fn form(&self, o: &CachedObject) -> Option<Arc<ProtoForm>> {
-        match self.kept_form(o) {
+        let form = match self.kept_form(o) {
             Ok(form) => form,
             Err(NotKept) => self.encode(o.json()).map(Arc::new),
-        }
+        }?;
+        o.note_proto_len(form.raw.len());
+        Some(form)
     }
 
     /// Appends `o`'s message as field `number` (a list's item): its kept
@@ -344,6 +346,7 @@ impl ProtoCodec {
         match self.kept_form(o) {
             Ok(Some(form)) => {
                 let raw = form.raw();
+                o.note_proto_len(raw.len());
                 protobuf::put_header(out, number, raw.len());
                 out.extend_from_slice(&raw);
                 true
@@ -354,6 +357,7 @@ impl ProtoCodec {
                 if !self.transcode(o.json(), scratch) {
                     return false;
                 }
+                o.note_proto_len(scratch.len());
                 protobuf::put_header(out, number, scratch.len());
                 out.extend_from_slice(scratch);
                 true

@@ -12,7 +12,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use futures_util::stream;
+use futures_util::{StreamExt, stream};
 use http::{HeaderValue, Response, header};
 use http_body::Frame;
 use http_body_util::StreamBody;
@@ -255,7 +255,7 @@ fn protobuf_list(
     rv: u64,
     metadata: Option<MetaVersion>,
 ) -> Option<Response<Body>> {
-    let codec = info.codec.as_deref()?;
+    let codec = info.codec.as_ref()?;
     if metadata.is_none() {
         return protobuf_object_list(page, info, codec, rv);
     }
@@ -334,21 +334,42 @@ fn protobuf_list(
 /// A protobuf list of whole objects: the items written into segments of
 /// about [`SEGMENT`] bytes, each a version's kept form or encoded for this
 /// list alone (`ProtoCodec::write_item`), so the list holds its body and
-/// no per-item form; the envelope's length is known once all are written.
+/// no per-item form.
+///
+/// The envelope carries the list's length before its items (the
+/// apiserver's `runtime/serializer/protobuf` writes `Size()` first). When
+/// every item's length is already known (`CachedObject::proto_len`) and
+/// the list is large, it is sent as it is encoded
+/// ([`streamed_protobuf_list`]); otherwise it is written whole first.
 fn protobuf_object_list(
     page: Page,
     info: &ResourceInfo,
-    codec: &encode::ProtoCodec,
+    codec: &Arc<encode::ProtoCodec>,
     rv: u64,
 ) -> Option<Response<Body>> {
     let total: usize = page.items.iter().map(|o| o.json().len()).sum();
-    let segments = encode_items(&page.items, codec, encoding_threads(total))?;
     let mut meta = Vec::with_capacity(64);
     protobuf::put_bytes(&mut meta, 1, &proto_list_meta(&page, rv));
-    let list_len = meta.len() + segments.iter().map(Bytes::len).sum::<usize>();
-    let mut head = protobuf::envelope_head(&info.api_version, &info.list_kind(), list_len);
-    head.extend_from_slice(&meta);
-    let chunks = std::iter::once(Bytes::from(head))
+    let head = |items_len: usize| {
+        let mut head =
+            protobuf::envelope_head(&info.api_version, &info.list_kind(), meta.len() + items_len);
+        head.extend_from_slice(&meta);
+        Bytes::from(head)
+    };
+    if total >= STREAMED_LIST_BYTES
+        && let Some(items_len) = measured_items_len(&page.items)
+    {
+        let head = head(items_len);
+        return Some(streamed_protobuf_list(
+            head,
+            page.items,
+            codec.clone(),
+            encoding_threads(total),
+        ));
+    }
+    let segments = encode_items(&page.items, codec, encoding_threads(total))?;
+    let head = head(segments.iter().map(Bytes::len).sum());
+    let chunks = std::iter::once(head)
         .chain(segments)
         .chain(std::iter::once(Bytes::from_static(protobuf::ENVELOPE_TAIL)))
         .filter(|b| !b.is_empty())
@@ -357,6 +378,96 @@ fn protobuf_object_list(
         Body::new(StreamBody::new(stream::iter(chunks))),
         protobuf::CONTENT_TYPE,
     ))
+}
+
+/// JSON bytes of a protobuf list from which, when its items' lengths are
+/// known, it is sent as it is encoded: below, encoding it whole takes a
+/// few milliseconds.
+const STREAMED_LIST_BYTES: usize = 2 * SEGMENT;
+
+/// The bytes of `items` as list items (field 2), when every item's
+/// protobuf length is known.
+fn measured_items_len(items: &[Arc<CachedObject>]) -> Option<usize> {
+    items
+        .iter()
+        .map(|o| o.proto_len().map(|n| protobuf::field_len(2, n)))
+        .sum()
+}
+
+/// A protobuf list whose length is known (`head` is its envelope's head
+/// and `metadata`), sent as it is encoded: `parts` blocking tasks each
+/// encode a run of about equal JSON bytes into segments of at most about
+/// [`SEGMENT`] bytes, and the body sends the runs in order, each segment
+/// as soon as it is written, so that sending overlaps encoding.
+///
+/// An item whose encoding is not the length recorded, which the same JSON
+/// cannot give, ends the body with an error (the client sees a cut
+/// response, never a wrong one). A client that goes away stops the
+/// encoding at its next segment.
+fn streamed_protobuf_list(
+    head: Bytes,
+    items: Vec<Arc<CachedObject>>,
+    codec: Arc<encode::ProtoCodec>,
+    parts: usize,
+) -> Response<Body> {
+    let items: Arc<[Arc<CachedObject>]> = items.into();
+    let runs = runs(&items, parts);
+    let receivers: Vec<_> = runs
+        .into_iter()
+        .map(|run| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let (items, codec) = (items.clone(), codec.clone());
+            tokio::task::spawn_blocking(move || encode_run(&items[run], &codec, &tx));
+            rx
+        })
+        .collect();
+    let items = stream::iter(receivers).flat_map(|rx| {
+        stream::unfold(rx, |mut rx| async move {
+            let next = rx.recv().await?;
+            Some((next, rx))
+        })
+    });
+    let body = stream::once(std::future::ready(Ok(head)))
+        .chain(items)
+        .chain(stream::once(std::future::ready(Ok(Bytes::from_static(
+            protobuf::ENVELOPE_TAIL,
+        )))))
+        .map(|b| b.map(Frame::data));
+    response_with(Body::new(StreamBody::new(body)), protobuf::CONTENT_TYPE)
+}
+
+/// Encodes `items` as list items into segments sent on `tx`, checking
+/// each against its recorded length.
+fn encode_run(
+    items: &[Arc<CachedObject>],
+    codec: &encode::ProtoCodec,
+    tx: &tokio::sync::mpsc::UnboundedSender<Result<Bytes, BoxError>>,
+) {
+    let mut segment: Vec<u8> = Vec::with_capacity(SEGMENT);
+    let mut scratch = Vec::new();
+    for o in items {
+        let Some(expected) = o.proto_len().map(|n| protobuf::field_len(2, n)) else {
+            let _ = tx.send(Err("a protobuf list item lost its length".into()));
+            return;
+        };
+        if !segment.is_empty() && segment.len() + expected > SEGMENT {
+            let full = std::mem::replace(&mut segment, Vec::with_capacity(SEGMENT));
+            if tx.send(Ok(Bytes::from(full))).is_err() {
+                return;
+            }
+        }
+        let start = segment.len();
+        if !codec.write_item(o, 2, &mut segment, &mut scratch) || segment.len() - start != expected
+        {
+            let _ = tx.send(Err(
+                "a protobuf list item's encoding differs from its recorded length".into(),
+            ));
+            return;
+        }
+    }
+    if !segment.is_empty() {
+        let _ = tx.send(Ok(segment_bytes(segment)));
+    }
 }
 
 /// JSON bytes of a protobuf list from which its items are encoded on
@@ -387,17 +498,8 @@ fn encode_items(
     if parts <= 1 {
         return protobuf_segments(items, codec);
     }
-    let total: usize = items.iter().map(|o| o.json().len()).sum();
-    let mut runs = Vec::with_capacity(parts);
-    let (mut start, mut acc) = (0, 0);
-    for (i, o) in items.iter().enumerate() {
-        acc += o.json().len();
-        if acc * parts >= total * (runs.len() + 1) && runs.len() + 1 < parts {
-            runs.push(&items[start..=i]);
-            start = i + 1;
-        }
-    }
-    runs.push(&items[start..]);
+    let runs: Vec<&[Arc<CachedObject>]> =
+        runs(items, parts).into_iter().map(|r| &items[r]).collect();
     let (first, rest) = runs.split_first()?;
     let encoded: Vec<Option<Vec<Bytes>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = rest
@@ -413,6 +515,23 @@ fn encode_items(
         segments.extend(run?);
     }
     Some(segments)
+}
+
+/// `items` split into `parts` runs (at least one) of about equal JSON
+/// bytes, in order.
+fn runs(items: &[Arc<CachedObject>], parts: usize) -> Vec<std::ops::Range<usize>> {
+    let total: usize = items.iter().map(|o| o.json().len()).sum();
+    let mut runs = Vec::with_capacity(parts.max(1));
+    let (mut start, mut acc) = (0, 0);
+    for (i, o) in items.iter().enumerate() {
+        acc += o.json().len();
+        if acc * parts >= total * (runs.len() + 1) && runs.len() + 1 < parts {
+            runs.push(start..i + 1);
+            start = i + 1;
+        }
+    }
+    runs.push(start..items.len());
+    runs
 }
 
 /// `items` as list items (field 2) written into segments of about
@@ -505,27 +624,10 @@ mod tests {
 
     #[test]
     fn a_large_protobuf_list_is_encoded_alike_on_several_threads() {
-        let codec = encode::ProtoCodec::new(
-            "",
-            "v1",
-            "ConfigMap",
-            "v1",
-            prometheus::IntGauge::new("b", "b").unwrap(),
-            prometheus::IntCounter::new("f", "f").unwrap(),
-            encode::ProtoForms::new(0, 0).for_resource(0),
-        )
-        .unwrap();
-        let items: Vec<Arc<CachedObject>> = (0..3000)
-            .map(|i| {
-                let json = format!(
-                    r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"name":"cm-{i}","namespace":"ns","resourceVersion":"{i}"}},"data":{{"k":"{}"}}}}"#,
-                    "x".repeat(i % 2000)
-                );
-                Arc::new(CachedObject::from_json(json.as_bytes(), FieldSet::Default, true).unwrap())
-            })
-            .collect();
+        let (codec, items) = configmaps(3000);
+        let codec = &*codec;
         let joined = |parts| -> Vec<u8> {
-            encode_items(&items, &codec, parts)
+            encode_items(&items, codec, parts)
                 .unwrap()
                 .iter()
                 .flat_map(|b| b.iter().copied())
@@ -537,10 +639,95 @@ mod tests {
             assert!(joined(parts) == one, "{parts} threads");
         }
         assert_eq!(
-            encode_items(&items[..1], &codec, 4).map(|s| s.concat().len()),
-            protobuf_segments(&items[..1], &codec).map(|s| s.concat().len())
+            encode_items(&items[..1], codec, 4).map(|s| s.concat().len()),
+            protobuf_segments(&items[..1], codec).map(|s| s.concat().len())
         );
         assert_eq!(encoding_threads(1000), 1);
+    }
+
+    /// A ConfigMap codec that keeps no forms, and `n` ConfigMaps of
+    /// varied sizes (about 1.1 KB each on average).
+    fn configmaps(n: usize) -> (Arc<encode::ProtoCodec>, Vec<Arc<CachedObject>>) {
+        let codec = encode::ProtoCodec::new(
+            "",
+            "v1",
+            "ConfigMap",
+            "v1",
+            prometheus::IntGauge::new("b", "b").unwrap(),
+            prometheus::IntCounter::new("f", "f").unwrap(),
+            encode::ProtoForms::new(0, 0).for_resource(0),
+        )
+        .unwrap();
+        let items = (0..n)
+            .map(|i| {
+                let json = format!(
+                    r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"name":"cm-{i:05}","namespace":"ns","resourceVersion":"{i}"}},"data":{{"k":"{}"}}}}"#,
+                    "x".repeat(i % 2000)
+                );
+                Arc::new(CachedObject::from_json(json.as_bytes(), FieldSet::Default, true).unwrap())
+            })
+            .collect();
+        (Arc::new(codec), items)
+    }
+
+    async fn protobuf_list_body(
+        info: &ResourceInfo,
+        items: &[Arc<CachedObject>],
+    ) -> Result<Vec<Vec<u8>>, BoxError> {
+        let page = Page {
+            items: items.to_vec(),
+            ..Page::default()
+        };
+        let resp = response(page, info, 9, Representation::PROTOBUF).unwrap();
+        let mut body = resp.into_body();
+        let mut frames = Vec::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                frames.push(data.to_vec());
+            }
+        }
+        Ok(frames)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_list_of_measured_versions_is_sent_as_encoded_with_the_same_bytes() {
+        let (codec, items) = configmaps(5000);
+        let mut info = crate::cache::resource::tests::test_cache().info().clone();
+        info.codec = Some(codec.clone());
+        let total: usize = items.iter().map(|o| o.json().len()).sum();
+        assert!(total >= PARALLEL_LIST_BYTES, "{total} bytes");
+        assert_eq!(measured_items_len(&items), None);
+        // The first list is written whole, and measures every version.
+        let whole = protobuf_list_body(&info, &items).await.unwrap().concat();
+        let items_len = measured_items_len(&items).unwrap();
+        assert!(whole.len() > items_len && whole.len() < items_len + 100);
+        // Later lists are streamed; their bytes are the same, on any
+        // number of encoding tasks.
+        let streamed = protobuf_list_body(&info, &items).await.unwrap();
+        assert!(streamed.len() > 3, "{} frames", streamed.len());
+        assert!(streamed.concat() == whole);
+        for parts in [1, 3, 4] {
+            let head_len = whole.len() - items_len - protobuf::ENVELOPE_TAIL.len();
+            let head = Bytes::copy_from_slice(&whole[..head_len]);
+            let resp = streamed_protobuf_list(head, items.clone(), codec.clone(), parts);
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert!(body[..] == whole[..], "{parts} tasks");
+        }
+        // A small list is written whole even when measured.
+        let small = protobuf_list_body(&info, &items[..10]).await.unwrap();
+        assert!(small.len() <= 3, "{} frames", small.len());
+    }
+
+    #[tokio::test]
+    async fn a_streamed_list_whose_item_is_not_its_recorded_length_is_cut() {
+        let (codec, items) = configmaps(3000);
+        let mut info = crate::cache::resource::tests::test_cache().info().clone();
+        info.codec = Some(codec);
+        protobuf_list_body(&info, &items).await.unwrap();
+        let n = items[2000].proto_len().unwrap();
+        items[2000].note_proto_len(n + 1);
+        let err = protobuf_list_body(&info, &items).await.unwrap_err();
+        assert!(err.to_string().contains("recorded length"), "{err}");
     }
 
     #[test]

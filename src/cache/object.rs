@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
@@ -147,6 +148,11 @@ pub struct CachedObject {
     /// The store's chunk `json` is a slice of, or 0 when it is an
     /// allocation of its own (`store::pack`).
     pack: u32,
+    /// The length of this version's protobuf message, once a read has
+    /// encoded it, or 0. A protobuf list's envelope carries the list's
+    /// length before its items; when every item's is known, the list is
+    /// sent as it is encoded (`list::streamed_protobuf_list`).
+    proto_len: AtomicU32,
     labels: LabelStore,
     fields: ExtraFields,
 }
@@ -256,6 +262,7 @@ impl CachedObject {
             meta_span,
             namespaced,
             pack: 0,
+            proto_len: AtomicU32::new(0),
             labels,
             fields,
         })
@@ -369,6 +376,24 @@ impl CachedObject {
         self.pack = pack;
     }
 
+    /// The length of this version's protobuf message (a list item's
+    /// bytes after its field header), once an encoding has recorded it.
+    pub fn proto_len(&self) -> Option<usize> {
+        match self.proto_len.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n as usize),
+        }
+    }
+
+    /// Records the length of this version's protobuf message. The
+    /// encoding of the same JSON is always the same, so any encoding's
+    /// length is every later one's.
+    pub fn note_proto_len(&self, len: usize) {
+        if let Ok(n) = u32::try_from(len) {
+            self.proto_len.store(n, Ordering::Relaxed);
+        }
+    }
+
     /// The same object with its JSON in an allocation of its own.
     pub(crate) fn unpacked(&self) -> CachedObject {
         CachedObject {
@@ -381,6 +406,7 @@ impl CachedObject {
             meta_span: self.meta_span,
             namespaced: self.namespaced,
             pack: 0,
+            proto_len: AtomicU32::new(self.proto_len.load(Ordering::Relaxed)),
             labels: self.labels.clone(),
             fields: self.fields.clone(),
         }
