@@ -415,10 +415,8 @@ fn streamed_protobuf_list(
     let receivers: Vec<_> = runs
         .into_iter()
         .map(|run| {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let (items, codec) = (items.clone(), codec.clone());
-            tokio::task::spawn_blocking(move || encode_run(&items[run], &codec, &tx));
-            rx
+            spawn_run(move |tx| encode_run(&items[run], &codec, tx))
         })
         .collect();
     let items = stream::iter(receivers).flat_map(|rx| {
@@ -436,13 +434,27 @@ fn streamed_protobuf_list(
     response_with(Body::new(StreamBody::new(body)), protobuf::CONTENT_TYPE)
 }
 
+/// A segment of a streamed list, or why the list is cut.
+type Segments = tokio::sync::mpsc::UnboundedSender<Result<Bytes, BoxError>>;
+
+/// Runs `encode` on a blocking thread, sending segments on the channel it
+/// returns; a panic sends an error, so that the body ends in an error
+/// rather than short of its stated length.
+fn spawn_run(
+    encode: impl FnOnce(&Segments) + Send + 'static,
+) -> tokio::sync::mpsc::UnboundedReceiver<Result<Bytes, BoxError>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::task::spawn_blocking(move || {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| encode(&tx))).is_err() {
+            let _ = tx.send(Err("encoding a protobuf list panicked".into()));
+        }
+    });
+    rx
+}
+
 /// Encodes `items` as list items into segments sent on `tx`, checking
 /// each against its recorded length.
-fn encode_run(
-    items: &[Arc<CachedObject>],
-    codec: &encode::ProtoCodec,
-    tx: &tokio::sync::mpsc::UnboundedSender<Result<Bytes, BoxError>>,
-) {
+fn encode_run(items: &[Arc<CachedObject>], codec: &encode::ProtoCodec, tx: &Segments) {
     let mut segment: Vec<u8> = Vec::with_capacity(SEGMENT);
     let mut scratch = Vec::new();
     for o in items {
@@ -725,6 +737,20 @@ mod tests {
         items[2000].note_proto_len(n + 1);
         let err = protobuf_list_body(&info, &items).await.unwrap_err();
         assert!(err.to_string().contains("recorded length"), "{err}");
+    }
+
+    /// A panic in a streamed list's encoder ends the body in an error,
+    /// after what was sent before it.
+    #[tokio::test]
+    async fn a_panic_in_a_streamed_lists_encoder_is_an_error() {
+        let mut rx = spawn_run(|tx| {
+            tx.send(Ok(Bytes::from_static(b"first"))).unwrap();
+            panic!("an encoder's bug");
+        });
+        assert_eq!(rx.recv().await.unwrap().unwrap(), "first");
+        let err = rx.recv().await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("panicked"), "{err}");
+        assert!(rx.recv().await.is_none());
     }
 
     #[test]
