@@ -146,6 +146,8 @@ pub struct Read<'a> {
     /// When the request arrived (consistent reads need a probe started
     /// after this).
     pub arrived: Instant,
+    /// The connection's batch window for held watches (HTTP/2).
+    pub window: Option<&'a Arc<watcher::BatchWindow>>,
 }
 
 /// Why a read must pass through whatever the cache holds, known from the
@@ -828,6 +830,7 @@ async fn serve_watch(
         initial_events_end: initial && opts.allow_watch_bookmarks,
         timeout,
         repr: neg.body,
+        window: read.window.cloned(),
     };
     match watcher::start(cache.clone(), params, shutdown.clone()) {
         Ok(resp) => served(cache, "watch", neg, resp),

@@ -40,6 +40,28 @@ const CHUNK: usize = 64 * 1024;
 /// History events read per catch-up step (under the store lock).
 const CATCH_UP_BATCH: usize = 256;
 
+/// The batch window shared by one HTTP/2 connection's held watches
+/// (`cache.watchBatchMilliseconds`): the first event held on the
+/// connection opens it, and every held watch whose first event arrives
+/// while it is open is written when it closes, so that a node's watches (a
+/// tier's Services and EndpointSlices) share one poll, TLS record and
+/// write of the connection instead of one each. No event is held longer
+/// than the batch; one that joins an open window is held less.
+#[derive(Debug, Default)]
+pub struct BatchWindow(parking_lot::Mutex<Option<Instant>>);
+
+impl BatchWindow {
+    /// When an event held from `now` for at most `batch` is written: when
+    /// the open window closes, or a new window, opened now, does.
+    pub fn close(&self, now: Instant, batch: Duration) -> Instant {
+        let mut open = self.0.lock();
+        match *open {
+            Some(at) if at > now && at <= now + batch => at,
+            _ => *open.insert(now + batch),
+        }
+    }
+}
+
 /// How a watch should run.
 #[derive(Debug, Clone)]
 pub struct WatchParams {
@@ -55,6 +77,9 @@ pub struct WatchParams {
     pub timeout: Duration,
     /// What the events carry, and how they are encoded.
     pub repr: Representation,
+    /// The connection's batch window, shared with its other watches (an
+    /// HTTP/2 connection's; none over HTTP/1.1, one watch per connection).
+    pub window: Option<Arc<BatchWindow>>,
 }
 
 enum Phase {
@@ -91,6 +116,7 @@ struct Watch {
     /// How long an event waits for more to be written with it
     /// (`cache.watchBatchMilliseconds`).
     batch: Duration,
+    window: Option<Arc<BatchWindow>>,
     deadline: Instant,
     /// The timers and the shutdown signal live as long as the watch, so
     /// that waiting for the next event does not register and remove them
@@ -220,6 +246,7 @@ impl Watch {
             next_bookmark: None,
             interval,
             batch,
+            window: params.window,
             deadline,
             deadline_timer: Box::pin(tokio::time::sleep_until(deadline)),
             bookmark_timer: Box::pin(tokio::time::sleep_until(deadline)),
@@ -468,10 +495,11 @@ impl Watch {
         f
     }
 
-    /// `first`, and the frames that reach the watcher within
-    /// [`Watch::batch`] of it (up to [`CHUNK`] bytes), as one chunk: one
-    /// body frame, so one wakeup, one TLS record and one write of the
-    /// connection for all of them. The watch sleeps meanwhile instead of
+    /// `first`, and the frames that reach the watcher until the
+    /// connection's batch window closes, at most [`Watch::batch`] after it
+    /// (up to [`CHUNK`] bytes), as one chunk: one body frame, so one
+    /// wakeup, one TLS record and one write of the connection for all of
+    /// them and the connection's other watches held in the same window. The watch sleeps meanwhile instead of
     /// receiving each delivery, so the deliveries do not wake it either; a
     /// watcher whose buffer fills meanwhile is marked lagging and catches
     /// up from the history, as a slow one does.
@@ -479,7 +507,12 @@ impl Watch {
         if self.batch.is_zero() || first.len() >= CHUNK || self.done {
             return first;
         }
-        let until = (Instant::now() + self.batch).min(self.deadline);
+        let now = Instant::now();
+        let close = match &self.window {
+            Some(window) => window.close(now, self.batch),
+            None => now + self.batch,
+        };
+        let until = close.min(self.deadline);
         tokio::select! {
             biased;
             _ = &mut self.shutdown => {
@@ -615,6 +648,7 @@ mod tests {
             initial_events_end: false,
             timeout: Duration::from_secs(60),
             repr: Representation::JSON,
+            window: None,
         }
     }
 
@@ -676,6 +710,51 @@ mod tests {
         assert!(at - t >= window, "held for the window: {:?}", at - t);
     }
 
+    /// Watches sharing a connection's batch window are written when it
+    /// closes: the second watch's event, held after the first's, goes out
+    /// with it, not a whole window later.
+    #[tokio::test]
+    async fn watches_of_one_connection_share_its_batch_window() {
+        let window = Duration::from_millis(400);
+        let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
+            &prometheus::Registry::new(),
+            |r| r.watch_batch = window,
+        ));
+        cache.replace(Vec::new(), 1);
+        let shared = Arc::new(BatchWindow::default());
+        let params = |fields: &str| {
+            let filter = Filter {
+                fields: apimachinery::selector::FieldSelector::parse(fields).unwrap(),
+                ..Filter::default()
+            };
+            WatchParams {
+                window: Some(shared.clone()),
+                ..json_watch(filter, Start::After(1))
+            }
+        };
+        let watch = |fields: &str| {
+            let mut w =
+                Watch::register(cache.clone(), params(fields), CancellationToken::new()).unwrap();
+            tokio::spawn(async move {
+                let chunk = w.next_chunk().await.unwrap();
+                (rvs(&chunk), Instant::now())
+            })
+        };
+        let (first, second) = (watch("metadata.name!=cm-3"), watch("metadata.name!=cm-2"));
+        let t = Instant::now();
+        cache.apply(EventType::Added, cm(2));
+        tokio::time::sleep(window / 2).await;
+        cache.apply(EventType::Added, cm(3));
+        let (first, second) = (first.await.unwrap(), second.await.unwrap());
+        assert_eq!((first.0, second.0), (vec![2], vec![3]));
+        assert!(first.1 - t >= window, "held for the window");
+        assert!(
+            second.1.saturating_duration_since(first.1) < window / 4,
+            "written when the window closes: {:?} after the first",
+            second.1.saturating_duration_since(first.1)
+        );
+    }
+
     /// A watch started from a given state (a consistent read upstream of
     /// its one object, at an RV the cache has not reached yet) sends that
     /// object, the initial-events-end bookmark at that RV, then only the
@@ -703,6 +782,7 @@ mod tests {
             initial_events_end: true,
             timeout: Duration::from_secs(60),
             repr: Representation::JSON,
+            window: None,
         };
         let mut w = Watch::register(cache.clone(), params(4), CancellationToken::new()).unwrap();
         let first = w.next_chunk().await.unwrap();

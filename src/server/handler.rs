@@ -305,6 +305,7 @@ impl Handler {
             query: req.uri().query(),
             headers: req.headers(),
             arrived: Instant::now(),
+            window: req.extensions().get(),
         };
         match serve(cache, &self.upstream, read, &self.shutdown).await {
             Answer::Served(resp) => {

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::auth::{ClientCertificate, UserInfo};
+use crate::cache::watcher::BatchWindow;
 use crate::component::metrics::Metrics;
 use crate::component::woken::WokenOnly;
 use crate::server::accept;
@@ -125,9 +126,15 @@ pub async fn serve(
                 let by_certificate = matches!(cert, ClientCertificate::Verified(_));
                 let conn = Arc::new(ConnInfo { remote, cert });
                 metrics.connections.inc();
+                // The batch window of the connection's held watches
+                // (`cache.watchBatchMilliseconds`), shared by its streams.
+                let window = h2.then(|| Arc::new(BatchWindow::default()));
                 let svc = {
                     let handle = handle.clone();
-                    service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                        if let Some(window) = &window {
+                            req.extensions_mut().insert(window.clone());
+                        }
                         let handler = handler.clone();
                         let conn = conn.clone();
                         let handle = handle.clone();

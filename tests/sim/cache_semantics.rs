@@ -774,6 +774,53 @@ async fn with_a_batch_window_a_watch_of_the_resource_gets_its_events_in_one_chun
     assert_eq!(changes(&mut all, 1).await, [("ADDED".into(), "c".into())]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_held_watches_of_one_http2_connection_share_its_batch_window() {
+    // Over HTTP/2 the held watches of a connection (a node's Services and
+    // EndpointSlices through a tier) share the batch window: an event
+    // held after another's is written with it when the window closes, not
+    // a whole window after its own arrival.
+    let window = Duration::from_millis(2000);
+    let env = env_with(|c| c.cache.watch_batch_milliseconds = 2000).await;
+    let c = env.proxy_h2(Identity::admin().auth(&env.sim));
+    let rv = list_rv(&c, "/api/v1/namespaces/w/configmaps?resourceVersion=0").await;
+    // Each sees one of the two objects: `metadata.name!=...` is not pinned.
+    let path = |not: &str| {
+        format!(
+            "/api/v1/namespaces/w/configmaps?watch=1&resourceVersion={rv}&fieldSelector=metadata.name%21%3D{not}"
+        )
+    };
+    let mut first = c.watch(&path("b"), &[]).await;
+    let mut second = c.watch(&path("a"), &[]).await;
+    assert_eq!((first.status.as_u16(), second.status.as_u16()), (200, 200));
+    let written = Instant::now();
+    c.post_json("/api/v1/namespaces/w/configmaps", &cm("w", "a", "x"))
+        .await;
+    tokio::time::sleep(window / 2).await;
+    c.post_json("/api/v1/namespaces/w/configmaps", &cm("w", "b", "x"))
+        .await;
+    let a = first.event(window * 4).await;
+    let first_at = written.elapsed();
+    let b = second.event(window * 4).await;
+    let second_at = written.elapsed();
+    assert_eq!(
+        (
+            &a["object"]["metadata"]["name"],
+            &b["object"]["metadata"]["name"]
+        ),
+        (&Value::from("a"), &Value::from("b"))
+    );
+    assert!(
+        first_at >= window,
+        "released before the window: {first_at:?}"
+    );
+    // Its own window would have closed at 1.5 windows.
+    assert!(
+        second_at < window + window / 4,
+        "not written when the shared window closed: {second_at:?}"
+    );
+}
+
 /// Reads a watch until `n` events arrived, skipping bookmarks.
 async fn changes(w: &mut WatchStream, n: usize) -> Vec<(String, String)> {
     let mut out = Vec::new();

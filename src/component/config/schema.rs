@@ -269,7 +269,11 @@ pub struct CacheConfig {
     /// How long a watch holds an event for more to write with it, in
     /// milliseconds: the events that reach a watcher within that time are
     /// written as one HTTP/2 DATA frame (or HTTP/1.1 chunk), so its
-    /// connection is woken, encrypts and writes once for them all. Only
+    /// connection is woken, encrypts and writes once for them all. The
+    /// held watches of one HTTP/2 connection share the window (a node's
+    /// Services and EndpointSlices through a tier): those whose first
+    /// event arrives while it is open are written together when it closes,
+    /// so each is held at most this long, and the later ones less. Only
     /// watches that any object's change may reach are held (a resource, a
     /// namespace, a label selector: kube-proxy's Services and
     /// EndpointSlices), not those pinned by `metadata.name` or
