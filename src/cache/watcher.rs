@@ -499,10 +499,11 @@ impl Watch {
     /// connection's batch window closes, at most [`Watch::batch`] after it
     /// (up to [`CHUNK`] bytes), as one chunk: one body frame, so one
     /// wakeup, one TLS record and one write of the connection for all of
-    /// them and the connection's other watches held in the same window. The watch sleeps meanwhile instead of
-    /// receiving each delivery, so the deliveries do not wake it either; a
-    /// watcher whose buffer fills meanwhile is marked lagging and catches
-    /// up from the history, as a slow one does.
+    /// them and the connection's other watches held in the same window.
+    /// The watch sleeps meanwhile instead of receiving each delivery, so
+    /// the deliveries do not wake it either; a watcher whose buffer fills
+    /// meanwhile is marked lagging and catches up from the history, as a
+    /// slow one does.
     async fn batched(&mut self, first: Bytes) -> Bytes {
         if self.batch.is_zero() || first.len() >= CHUNK || self.done {
             return first;
