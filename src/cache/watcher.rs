@@ -671,24 +671,34 @@ mod tests {
             .collect()
     }
 
+    /// An empty cache at RV 1 whose watches of a whole resource are held
+    /// for `window`.
+    fn held_cache(window: Duration) -> Arc<ResourceCache> {
+        let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
+            &prometheus::Registry::new(),
+            |r| r.watch_batch = window,
+        ));
+        cache.replace(Vec::new(), 1);
+        cache
+    }
+
+    /// A JSON watch from RV 1 with the field selector `fields`.
+    fn fields_watch(fields: &str) -> WatchParams {
+        let filter = Filter {
+            fields: apimachinery::selector::FieldSelector::parse(fields).unwrap(),
+            ..Filter::default()
+        };
+        json_watch(filter, Start::After(1))
+    }
+
     /// With `watchBatchMilliseconds`, what reaches a watch of the whole
     /// resource within the window after an event goes out with it, in one
     /// chunk; a watch pinned to one object is never held.
     #[tokio::test]
     async fn a_watch_of_the_resource_holds_events_for_the_batch_window() {
         let window = Duration::from_millis(500);
-        let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
-            &prometheus::Registry::new(),
-            |r| r.watch_batch = window,
-        ));
-        cache.replace(Vec::new(), 1);
-        let params = |fields: &str| {
-            let filter = Filter {
-                fields: apimachinery::selector::FieldSelector::parse(fields).unwrap(),
-                ..Filter::default()
-            };
-            json_watch(filter, Start::After(1))
-        };
+        let cache = held_cache(window);
+        let params = fields_watch;
         let mut all = Watch::register(cache.clone(), params(""), CancellationToken::new()).unwrap();
         let mut one = Watch::register(
             cache.clone(),
@@ -717,21 +727,11 @@ mod tests {
     #[tokio::test]
     async fn watches_of_one_connection_share_its_batch_window() {
         let window = Duration::from_millis(400);
-        let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
-            &prometheus::Registry::new(),
-            |r| r.watch_batch = window,
-        ));
-        cache.replace(Vec::new(), 1);
+        let cache = held_cache(window);
         let shared = Arc::new(BatchWindow::default());
-        let params = |fields: &str| {
-            let filter = Filter {
-                fields: apimachinery::selector::FieldSelector::parse(fields).unwrap(),
-                ..Filter::default()
-            };
-            WatchParams {
-                window: Some(shared.clone()),
-                ..json_watch(filter, Start::After(1))
-            }
+        let params = |fields: &str| WatchParams {
+            window: Some(shared.clone()),
+            ..fields_watch(fields)
         };
         let watch = |fields: &str| {
             let mut w =
