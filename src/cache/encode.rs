@@ -333,9 +333,10 @@ impl ProtoCodec {
 
     /// Appends `o`'s message as field `number` (a list's item): its kept
     /// form's bytes, or, for a version not kept, encoded for this read
-    /// alone straight into `out` (through `scratch`), so that a list of
-    /// versions read once holds nothing but its own body. `false` when it
-    /// cannot be encoded.
+    /// alone into `out`, so that a list of versions read once holds
+    /// nothing but its own body: straight after its header when an earlier
+    /// read measured it (`CachedObject::proto_len`), else through
+    /// `scratch`, then copied. `false` when it cannot be encoded.
     pub fn write_item(
         &self,
         o: &CachedObject,
@@ -353,6 +354,21 @@ impl ProtoCodec {
             }
             Ok(None) => false,
             Err(NotKept) => {
+                if let Some(len) = o.proto_len() {
+                    let at = out.len();
+                    protobuf::put_header(out, number, len);
+                    let body = out.len();
+                    if !self.transcode(o.json(), out) {
+                        out.truncate(at);
+                        return false;
+                    }
+                    if out.len() - body == len {
+                        return true;
+                    }
+                    // Not the length measured, which the same JSON cannot
+                    // give: written again with its own.
+                    out.truncate(at);
+                }
                 scratch.clear();
                 if !self.transcode(o.json(), scratch) {
                     return false;
@@ -709,6 +725,38 @@ mod tests {
         drop(form);
         assert_eq!(bytes.get(), 0, "and gone after");
         assert!(!Arc::ptr_eq(&c.form(&o).unwrap(), &c.form(&o).unwrap()));
+    }
+
+    #[test]
+    fn a_measured_item_not_kept_is_written_after_its_header_the_same() {
+        let bytes = IntGauge::new("b", "b").unwrap();
+        let c = codec(ProtoForms::new(0, 100), &bytes);
+        let objects: Vec<_> = (0..20).map(|i| cm(i, 300)).collect();
+        let mut want = Vec::new();
+        for o in &objects {
+            let raw = c.encode(o.json()).unwrap().raw();
+            protobuf::put_header(&mut want, 2, raw.len());
+            want.extend_from_slice(&raw);
+        }
+        let (mut first, mut scratch) = (Vec::new(), Vec::new());
+        for o in &objects {
+            assert!(c.write_item(o, 2, &mut first, &mut scratch));
+        }
+        assert!(objects.iter().all(|o| o.proto_len().is_some()), "measured");
+        scratch = Vec::new();
+        let mut second = Vec::new();
+        for o in &objects {
+            assert!(c.write_item(o, 2, &mut second, &mut scratch));
+        }
+        assert_eq!(scratch.capacity(), 0, "written straight into the list");
+        // A recorded length that is wrong (the same JSON cannot give one)
+        // costs a second encoding, not a wrong item.
+        objects[3].note_proto_len(objects[3].proto_len().unwrap() + 200);
+        let mut third = Vec::new();
+        for o in &objects {
+            assert!(c.write_item(o, 2, &mut third, &mut scratch));
+        }
+        assert!(first == want && second == want && third == want);
     }
 
     #[test]
