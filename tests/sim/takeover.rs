@@ -149,21 +149,30 @@ async fn wait_for_log(path: &Path, text: &str, timeout: Duration) {
     }
 }
 
-async fn ready(setup: &Setup) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+/// Waits until the proxy logging to `log` answers `/readyz` with 200. The
+/// deadline is generous: the debug binary lists from the in-process sim
+/// while the rest of the suite shares the machine's two cores. A failure
+/// shows the last answer and the proxy's log.
+async fn ready(setup: &Setup, log: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
     loop {
         if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", setup.admin_port)).await {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let _ = s
-                .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .write_all(b"GET /readyz?verbose HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 .await;
-            let mut out = String::new();
-            let _ = s.read_to_string(&mut out).await;
-            if out.starts_with("HTTP/1.1 200") {
+            last.clear();
+            let _ = s.read_to_string(&mut last).await;
+            if last.starts_with("HTTP/1.1 200") {
                 return;
             }
         }
-        assert!(Instant::now() < deadline, "never ready");
+        assert!(
+            Instant::now() < deadline,
+            "never ready; last /readyz answer: {last:?}; {log}:\n{}",
+            std::fs::read_to_string(setup.dir.join(log)).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -418,7 +427,7 @@ async fn a_successor_takes_over_without_a_failed_request_or_a_lost_event() {
     let sim = Arc::new(Sim::start(SimConfig::default()).await.unwrap());
     let s = setup(&sim);
     let mut first = start(&s, "first.log");
-    ready(&s).await;
+    ready(&s, "first.log").await;
     let load = Load::start(sim, &s).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let lists_before = load.upstream_lists();
@@ -460,7 +469,7 @@ async fn a_socket_activated_restart_refuses_no_connection_and_loses_no_event() {
     let api = std::net::TcpListener::bind(("127.0.0.1", s.port)).unwrap();
     let admin = std::net::TcpListener::bind(("127.0.0.1", s.admin_port)).unwrap();
     let mut first = start_with_sockets(&s, "first.log", &[&api, &admin]);
-    ready(&s).await;
+    ready(&s, "first.log").await;
     wait_for_log(
         &s.dir.join("first.log"),
         "LISTEN_FDS",
@@ -481,7 +490,7 @@ async fn a_socket_activated_restart_refuses_no_connection_and_loses_no_event() {
             .success()
     );
     let mut second = start_with_sockets(&s, "second.log", &[&api, &admin]);
-    ready(&s).await;
+    ready(&s, "second.log").await;
     let gap = restart.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -509,7 +518,7 @@ async fn a_handover_sends_kept_connections_elsewhere_without_a_rewatch_storm() {
     let sim = Arc::new(Sim::start(SimConfig::default()).await.unwrap());
     let s = setup(&sim);
     let mut first = start(&s, "first.log");
-    ready(&s).await;
+    ready(&s, "first.log").await;
     let auth = Identity::admin().auth(&sim);
     let url = format!("https://127.0.0.1:{}", s.port);
     let rv: u64 = sim
