@@ -19,6 +19,39 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait after a failed `accept` before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
+/// A client connection idle this long gets its first TCP keep-alive probe.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// The time between unanswered TCP keep-alive probes.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes after which the kernel closes the connection.
+const KEEPALIVE_PROBES: u32 = 2;
+/// How long data the client has not acknowledged may stay so before the
+/// kernel closes the connection (`TCP_USER_TIMEOUT`): keep-alive probes
+/// go out only while nothing is in flight.
+const USER_TIMEOUT: Duration = Duration::from_secs(50);
+
+/// Lets the kernel find a client that vanished (a node powered off, a
+/// network partition) without the proxy's help: TCP keep-alive probes
+/// after [`KEEPALIVE_IDLE`] of silence, and [`USER_TIMEOUT`] for data
+/// left unacknowledged, so such a connection and its watches are closed
+/// within about 50 s.
+///
+/// kube-apiserver relies on TCP keep-alive alone (`secure_serving.go`,
+/// `tcpKeepAliveListener`, a 3-minute period) and sends its clients no
+/// HTTP/2 PING. Neither does the proxy: hyper's keep-alive polls a timer
+/// on every poll of the connection, which a tier replica's many
+/// connections of a few watches each paid per delivered event
+/// (docs/tier.md).
+pub fn keep_alive(tcp: &TcpStream) -> std::io::Result<()> {
+    use rustix::net::sockopt;
+    sockopt::set_socket_keepalive(tcp, true)?;
+    sockopt::set_tcp_keepidle(tcp, KEEPALIVE_IDLE)?;
+    sockopt::set_tcp_keepintvl(tcp, KEEPALIVE_INTERVAL)?;
+    sockopt::set_tcp_keepcnt(tcp, KEEPALIVE_PROBES)?;
+    sockopt::set_tcp_user_timeout(tcp, USER_TIMEOUT.as_millis() as u32)?;
+    Ok(())
+}
+
 /// The next connection on `listener` (`listener` names it in the warning
 /// of a failed accept), or `None` once `shutdown` is cancelled.
 pub async fn next(
@@ -74,5 +107,33 @@ pub async fn handshake(
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(r) => Ok(r?),
         Err(_) => Err(HandshakeError::TimedOut),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use rustix::net::sockopt;
+
+    /// An accepted connection carries the keep-alive options.
+    #[tokio::test]
+    async fn accepted_connections_are_kept_alive_by_the_kernel() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (tcp, _) = next(&listener, &CancellationToken::new(), "test")
+            .await
+            .unwrap();
+        assert!(!sockopt::socket_keepalive(&tcp).unwrap());
+        keep_alive(&tcp).unwrap();
+        assert!(sockopt::socket_keepalive(&tcp).unwrap());
+        assert_eq!(sockopt::tcp_keepidle(&tcp).unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(sockopt::tcp_keepintvl(&tcp).unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(sockopt::tcp_keepcnt(&tcp).unwrap(), KEEPALIVE_PROBES);
+        assert_eq!(
+            sockopt::tcp_user_timeout(&tcp).unwrap(),
+            USER_TIMEOUT.as_millis() as u32
+        );
     }
 }

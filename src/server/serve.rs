@@ -90,6 +90,9 @@ pub async fn serve(
     let mut tasks = JoinSet::new();
     while let Some((tcp, remote)) = accept::next(&listener, &shutdown, "clients").await {
         let _ = tcp.set_nodelay(true);
+        if let Err(error) = accept::keep_alive(&tcp) {
+            tracing::debug!(%error, "setting TCP keep-alive failed");
+        }
         let acceptor = acceptor.clone();
         let server_tls = server_tls.clone();
         let handler = handler.clone();
@@ -171,8 +174,6 @@ pub async fn serve(
                     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .timer(TokioTimer::new())
                         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-                        .keep_alive_interval(Duration::from_secs(30))
-                        .keep_alive_timeout(Duration::from_secs(20))
                         .serve_connection(io, svc);
                     drive(
                         std::pin::pin!(conn),
