@@ -170,6 +170,19 @@ pub fn error_response(status: &Status, encoding: Encoding) -> Response<Body> {
     )
 }
 
+/// What a live watch writes next.
+enum Live {
+    /// Events, held for the batch window (`Watch::batched`).
+    Events(Bytes),
+    /// A bookmark, written at once: it is rare (one a minute, and one
+    /// before the timeout), and it is what a consistent read behind this
+    /// watch waits for (a node proxy's progress watch of a tier replica:
+    /// docs/design.md, "Consistent reads"), so holding it would save
+    /// nothing and delay those reads by up to the window. Events that
+    /// arrive after it follow it, in order.
+    Bookmark(Bytes),
+}
+
 /// What a lagging watcher does next.
 enum CatchUpStep {
     /// Frames to write (none when it was live again with nothing new).
@@ -318,8 +331,10 @@ impl Watch {
                     }
                 }
                 Phase::Live => {
-                    let chunk = self.live_chunk().await?;
-                    return Some(self.batched(chunk).await);
+                    return match self.live_chunk().await? {
+                        Live::Events(chunk) => Some(self.batched(chunk).await),
+                        Live::Bookmark(chunk) => Some(chunk),
+                    };
                 }
             }
         }
@@ -533,10 +548,10 @@ impl Watch {
         }
     }
 
-    async fn live_chunk(&mut self) -> Option<Bytes> {
+    async fn live_chunk(&mut self) -> Option<Live> {
         loop {
             if let Some(chunk) = self.gather(None) {
-                return Some(chunk);
+                return Some(Live::Events(chunk));
             }
             if self.done {
                 return None;
@@ -551,7 +566,7 @@ impl Watch {
                         self.done = true;
                         return None;
                     }
-                    CatchUpStep::Frames(Some(chunk)) => return Some(chunk),
+                    CatchUpStep::Frames(Some(chunk)) => return Some(Live::Events(chunk)),
                     CatchUpStep::Frames(None) => continue,
                 }
             }
@@ -572,7 +587,7 @@ impl Watch {
                 d = self.rx.recv() => match d {
                     Some(d) => {
                         if let Some(chunk) = self.gather(Some(d)) {
-                            return Some(chunk);
+                            return Some(Live::Events(chunk));
                         }
                     }
                     None => {
@@ -594,7 +609,7 @@ impl Watch {
                     // Only progress is worth a bookmark.
                     if rv > self.last_rv {
                         self.last_rv = rv;
-                        return self.cache.bookmark_frame(rv, false, self.repr);
+                        return self.cache.bookmark_frame(rv, false, self.repr).map(Live::Bookmark);
                     }
                 }
             }
@@ -754,6 +769,42 @@ mod tests {
             "written when the window closes: {:?} after the first",
             second.1.saturating_duration_since(first.1)
         );
+    }
+
+    /// A held watch writes a bookmark at once, not when the window would
+    /// close: a consistent read behind it waits for that bookmark. Events
+    /// after it are held as before.
+    #[tokio::test]
+    async fn a_held_watch_writes_bookmarks_at_once() {
+        let window = Duration::from_secs(2);
+        let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
+            &prometheus::Registry::new(),
+            |r| {
+                r.watch_batch = window;
+                r.bookmark_interval = Duration::from_millis(100);
+            },
+        ));
+        cache.replace(Vec::new(), 1);
+        let params = WatchParams {
+            bookmarks: true,
+            ..fields_watch("metadata.name!=cm-2")
+        };
+        let mut w = Watch::register(cache.clone(), params, CancellationToken::new()).unwrap();
+        // Progress the watch is not sent an event for.
+        cache.apply(EventType::Added, cm(2));
+        let t = Instant::now();
+        let chunk = w.next_chunk().await.unwrap();
+        let events = std::str::from_utf8(&chunk).unwrap();
+        assert!(events.starts_with(r#"{"type":"BOOKMARK""#), "{events}");
+        assert!(
+            t.elapsed() < window / 4,
+            "written at once: {:?}",
+            t.elapsed()
+        );
+        cache.apply(EventType::Added, cm(3));
+        let t = Instant::now();
+        assert_eq!(rvs(&w.next_chunk().await.unwrap()), [3]);
+        assert!(t.elapsed() >= window, "the event after it is held");
     }
 
     /// A watch started from a given state (a consistent read upstream of
