@@ -719,7 +719,7 @@ async fn many_streams_of_one_http2_connection_get_each_event_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_batch_window_a_watch_of_the_resource_gets_its_events_in_one_chunk() {
-    // `cache.watchBatchMilliseconds` (the tier's replicas: 50): a watch
+    // `cache.watchBatchMilliseconds` (the tier's replicas: 200): a watch
     // that any object's change may reach holds an event for the window,
     // and what else reaches it meanwhile leaves in the same write. One
     // pinned to an object (`metadata.name`) is never held.
