@@ -37,7 +37,12 @@
 //! - the memory per hollow node (its kubelet's and kube-proxy's RSS);
 //! - for the mass restart: the apiserver's CPU and LIST bytes during it,
 //!   and the time until every node has posted its status again and every
-//!   pod runs.
+//!   pod runs; and the mean latency of the calls each kubelet's status
+//!   manager makes per pod, at the apiserver and at the node proxies.
+//!
+//! `--node-uncached RESOURCE` leaves a resource of the node configuration
+//! uncached by the node proxies, to weigh its node cache (another agent
+//! than the kubelet then cannot read it through them).
 //!
 //! `--svg` writes a chart of pod startup latency and apiserver CPU by
 //! topology.
@@ -111,6 +116,14 @@ pub struct ScaleArgs {
     /// of removing them at its end.
     #[arg(long)]
     keep_logs: bool,
+    /// A resource (plural, e.g. `endpointslices`) the node proxies do not
+    /// cache, though the shipped node configuration does (repeatable), to
+    /// weigh what its node cache costs. Its reads pass through only for
+    /// the kubelet: a node proxy acts upstream as its node alone, so it
+    /// refuses to pass through another agent's request (kube-proxy's of
+    /// Services and EndpointSlices), which then gets nothing.
+    #[arg(long, value_name = "RESOURCE")]
+    node_uncached: Vec<String>,
     /// Take a CPU profile of kube-apiserver this long during the load,
     /// from 10 s after its first Deployment (`--profiling=true`), and
     /// print where its CPU went (`pprof.rs`); at most 50 (the apiserver
@@ -268,6 +281,14 @@ impl Hollow {
 
 async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
     let started = Instant::now();
+    let cached = Config::from_yaml(NODE_CONFIG).map_err(|e| anyhow!("{e}"))?;
+    if let Some(r) = a
+        .node_uncached
+        .iter()
+        .find(|r| !cached.cache.resources.iter().any(|c| &c.resource == *r))
+    {
+        bail!("--node-uncached {r}: manifests/node/config.yaml does not cache it");
+    }
     let options = Options {
         apiserver_args: if a.apiserver_profile_seconds > 0 {
             vec!["--profiling=true".into()]
@@ -350,6 +371,9 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
                 bail!("manifests/node/config.yaml is not a node proxy's configuration");
             }
             c.node_name = name.clone();
+            c.cache
+                .resources
+                .retain(|r| !a.node_uncached.contains(&r.resource));
             c.metrics_listen = None;
             c.tls.cert_file = Some(write("tls.crt", &serving.cert_pem)?);
             c.tls.private_key_file = Some(write("tls.key", &serving.key_pem)?);
@@ -589,6 +613,10 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
             pods.restart_timeline(t0)
         );
         println!("  API call p99 during it, worst: {}", worst(&r.api_p99));
+        println!(
+            "  a status manager's calls per pod during it: {}",
+            status_calls(&m0, &m1, &p0, &p1)
+        );
         print_restart_lists(&m0, &m1);
         if !proxies.is_empty() {
             print_proxies_upstream("during the mass restart", &p0, &p1);
@@ -740,6 +768,68 @@ async fn proxies_metrics(proxies: &[TierReplica]) -> Vec<Sample> {
         }
     }
     all
+}
+
+/// The calls a kubelet's status manager makes for each pod whose status
+/// changed, one pod after the other (`pkg/kubelet/status/status_manager.go`,
+/// `syncPod`: a consistent `GET` of the pod, then a `PATCH` of its
+/// status), during the mass restart: their number and mean latency as the
+/// apiserver measured them (`apiserver_request_duration_seconds`) and, in
+/// front of it, as the node proxies did
+/// (`kube_cache_proxy_request_duration_seconds`, passed through). The
+/// difference is what the hops added to each call; a node's last pod
+/// waits for two such calls per pod before it.
+fn status_calls(m0: &[Sample], m1: &[Sample], p0: &[Sample], p1: &[Sample]) -> String {
+    let mean = |before: &[Sample], after: &[Sample], metric: &str, verb: &str, sub: &str| {
+        let of = |suffix: &str| -> f64 {
+            let filter = |samples: &[Sample]| -> Vec<Sample> {
+                samples
+                    .iter()
+                    .filter(|s| {
+                        s.label("verb") == verb
+                            && s.label("resource") == "pods"
+                            && s.label("subresource") == sub
+                            && matches!(s.label("source"), "" | "upstream")
+                    })
+                    .cloned()
+                    .collect()
+            };
+            let name = format!("{metric}_{suffix}");
+            metrics::growth(&filter(before), &filter(after), &name, &[])
+                .values()
+                .sum()
+        };
+        let (sum, count) = (of("sum"), of("count"));
+        (count > 0.0).then(|| (count, sum / count))
+    };
+    let mut parts = Vec::new();
+    for (verb, sub, call) in [
+        ("GET", "", "GET pods"),
+        ("PATCH", "status", "PATCH pods/status"),
+    ] {
+        let mut part = format!("{call}: apiserver ");
+        match mean(m0, m1, "apiserver_request_duration_seconds", verb, sub) {
+            Some((n, m)) => part.push_str(&format!("{n:.0} calls, mean {:.0} ms", m * 1e3)),
+            None => part.push_str("none"),
+        }
+        if !p0.is_empty() || !p1.is_empty() {
+            match mean(
+                p0,
+                p1,
+                "kube_cache_proxy_request_duration_seconds",
+                verb,
+                sub,
+            ) {
+                Some((n, m)) => part.push_str(&format!(
+                    "; node proxies {n:.0} passed through, mean {:.0} ms",
+                    m * 1e3
+                )),
+                None => part.push_str("; node proxies none"),
+            }
+        }
+        parts.push(part);
+    }
+    parts.join("; ")
 }
 
 /// The apiserver's LISTs during the mass restart by resource: count and
@@ -1698,5 +1788,71 @@ mod tests {
         assert_eq!(p.len(), 3, "{p:?}");
         assert_eq!(over_slo(&p), "POST resource pods 2s");
         assert_eq!(worst(&p), "2s of 1s (POST resource pods)");
+    }
+
+    fn sample(name: &str, labels: &[(&str, &str)], value: f64) -> Sample {
+        Sample {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value,
+        }
+    }
+
+    #[test]
+    fn status_calls_are_the_means_within_the_interval_at_each_side() {
+        let apiserver = |sub: &str, verb: &str, sum: f64, count: f64| {
+            let l = [("verb", verb), ("resource", "pods"), ("subresource", sub)];
+            [
+                sample("apiserver_request_duration_seconds_sum", &l, sum),
+                sample("apiserver_request_duration_seconds_count", &l, count),
+            ]
+        };
+        let m0: Vec<_> = [
+            apiserver("", "GET", 10.0, 100.0),
+            apiserver("status", "PATCH", 1.0, 10.0),
+        ]
+        .concat();
+        // 100 more GETs of 0.1 s, 10 more PATCHes of 0.2 s; a LIST and a
+        // GET of another resource left out.
+        let mut m1: Vec<_> = [
+            apiserver("", "GET", 20.0, 200.0),
+            apiserver("status", "PATCH", 3.0, 20.0),
+        ]
+        .concat();
+        m1.extend(apiserver("", "LIST", 99.0, 1.0));
+        m1.push(sample(
+            "apiserver_request_duration_seconds_sum",
+            &[("verb", "GET"), ("resource", "nodes"), ("subresource", "")],
+            99.0,
+        ));
+        assert_eq!(
+            status_calls(&m0, &m1, &[], &[]),
+            "GET pods: apiserver 100 calls, mean 100 ms; PATCH pods/status: apiserver 10 calls, mean 200 ms"
+        );
+        // At the node proxies: passed through only, not served from cache.
+        let proxy = |source: &str, verb: &str, sub: &str, sum: f64, count: f64| {
+            let l = [
+                ("verb", verb),
+                ("resource", "pods"),
+                ("subresource", sub),
+                ("source", source),
+            ];
+            [
+                sample("kube_cache_proxy_request_duration_seconds_sum", &l, sum),
+                sample("kube_cache_proxy_request_duration_seconds_count", &l, count),
+            ]
+        };
+        let p1: Vec<_> = [
+            proxy("upstream", "GET", "", 30.0, 100.0),
+            proxy("cache", "GET", "", 1.0, 1000.0),
+        ]
+        .concat();
+        assert_eq!(
+            status_calls(&m0, &m1, &[], &p1),
+            "GET pods: apiserver 100 calls, mean 100 ms; node proxies 100 passed through, mean 300 ms; PATCH pods/status: apiserver 10 calls, mean 200 ms; node proxies none"
+        );
     }
 }
