@@ -780,23 +780,20 @@ async fn proxies_metrics(proxies: &[TierReplica]) -> Vec<Sample> {
 /// difference is what the hops added to each call; a node's last pod
 /// waits for two such calls per pod before it.
 fn status_calls(m0: &[Sample], m1: &[Sample], p0: &[Sample], p1: &[Sample]) -> String {
+    // Passed through (`source="upstream"`) at the node proxies; the
+    // apiserver's samples have no `source`.
+    let keys = ["verb", "resource", "subresource", "source"];
     let mean = |before: &[Sample], after: &[Sample], metric: &str, verb: &str, sub: &str| {
         let of = |suffix: &str| -> f64 {
-            let filter = |samples: &[Sample]| -> Vec<Sample> {
-                samples
-                    .iter()
-                    .filter(|s| {
-                        s.label("verb") == verb
-                            && s.label("resource") == "pods"
-                            && s.label("subresource") == sub
-                            && matches!(s.label("source"), "" | "upstream")
-                    })
-                    .cloned()
-                    .collect()
-            };
-            let name = format!("{metric}_{suffix}");
-            metrics::growth(&filter(before), &filter(after), &name, &[])
-                .values()
+            metrics::growth(before, after, &format!("{metric}_{suffix}"), &keys)
+                .into_iter()
+                .filter(|(k, _)| {
+                    k[0] == verb
+                        && k[1] == "pods"
+                        && k[2] == sub
+                        && matches!(k[3].as_str(), "" | "upstream")
+                })
+                .map(|(_, v)| v)
                 .sum()
         };
         let (sum, count) = (of("sum"), of("count"));
