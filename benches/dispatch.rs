@@ -41,6 +41,7 @@ fn settings() -> Settings {
         node_indexed: true,
         namespaced: true,
         field_set: FieldSet::Pod,
+        history_bytes: None,
     }
 }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use prometheus::IntGauge;
 
 pub use apimachinery::watch::EventType;
 
@@ -34,6 +35,17 @@ pub struct Event {
     left: OnceLock<Option<Arc<CachedObject>>>,
     /// Frames built so far, by [`Which`] and representation.
     frames: Mutex<Vec<(u8, Bytes)>>,
+    /// Where the frames' bytes are counted while the event lives
+    /// (`cache_history_bytes`).
+    frame_bytes: Option<IntGauge>,
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Some(gauge) = &self.frame_bytes {
+            gauge.sub(self.encoded_size() as i64);
+        }
+    }
 }
 
 /// Which frame of an event a watcher receives.
@@ -77,7 +89,15 @@ impl Event {
             prev,
             left: OnceLock::new(),
             frames: Mutex::new(Vec::new()),
+            frame_bytes: None,
         }
+    }
+
+    /// The event, its frames' bytes counted in `gauge` from when each is
+    /// built until the event is dropped.
+    pub fn counted_in(mut self, gauge: Option<IntGauge>) -> Event {
+        self.frame_bytes = gauge;
+        self
     }
 
     /// The frame a watcher with `filter` receives, if any, following the
@@ -120,6 +140,9 @@ impl Event {
         };
         let body = encode::object_bytes(&object, codec, repr)?;
         let f = encode::frame(repr.encoding, which.event_type(), &body);
+        if let Some(gauge) = &self.frame_bytes {
+            gauge.add(f.len() as i64);
+        }
         frames.push((key, f.clone()));
         Some(f)
     }
@@ -136,8 +159,32 @@ impl Event {
             .clone()
     }
 
-    /// Bytes held by the event beyond the objects (which may be shared with
-    /// the store).
+    /// Bytes of the object versions the event alone keeps once it is not
+    /// the newest change of its object: the version it replaced (one
+    /// version, counted once: it is no other event's `prev`) and, for a
+    /// deletion, the last state stamped with the deletion's RV.
+    pub fn retained_size(&self) -> usize {
+        let prev = self.prev.as_ref().map_or(0, |p| p.heap_size());
+        match self.kind {
+            EventType::Deleted => prev + self.object.heap_size(),
+            EventType::Added | EventType::Modified => prev,
+        }
+    }
+
+    /// Drops the frames built so far; a later caller builds them again.
+    /// Does nothing while a caller is building one (a watch resuming from
+    /// the history): the store's lock is held, and never waits on it.
+    pub fn release_frames(&self) {
+        let Some(mut frames) = self.frames.try_lock() else {
+            return;
+        };
+        let frames = std::mem::take(&mut *frames);
+        if let Some(gauge) = &self.frame_bytes {
+            gauge.sub(frames.iter().map(|(_, f)| f.len() as i64).sum());
+        }
+    }
+
+    /// Bytes held by the event's frames.
     pub fn encoded_size(&self) -> usize {
         self.frames.lock().iter().map(|(_, f)| f.len()).sum()
     }

@@ -78,6 +78,7 @@ pub struct CacheMetrics {
     objects: IntGaugeVec,
     bytes: IntGaugeVec,
     history: IntGaugeVec,
+    history_bytes: IntGaugeVec,
     resource_version: IntGaugeVec,
     relists: IntCounterVec,
     watch_restarts: IntCounterVec,
@@ -116,6 +117,8 @@ pub struct ResourceMetrics {
     pub objects: IntGauge,
     pub bytes: IntGauge,
     pub history: IntGauge,
+    /// Bytes the history holds beyond the current objects.
+    pub history_bytes: IntGauge,
     pub resource_version: IntGauge,
     pub relists: IntCounter,
     pub watchers: IntGauge,
@@ -157,6 +160,7 @@ impl CacheMetrics {
             objects: gauge("cache_objects", "Objects in the watch cache.")?,
             bytes: gauge("cache_bytes", "Bytes held by the watch cache's current objects (their JSON plus extracted labels and fields).")?,
             history: gauge("cache_history_events", "Events in the watch cache's history.")?,
+            history_bytes: gauge("cache_history_bytes", "Bytes the watch cache's history holds beyond the current objects: the object versions only it keeps (each version an event replaced, and a deleted object's last state) and the watch-event frames encoded for its events, in every representation asked for.")?,
             resource_version: gauge("cache_resource_version", "The watch cache's resourceVersion (newest event or bookmark applied).")?,
             relists: counter("upstream_relists_total", "Upstream lists (the first, and relists after 410 Gone).", &[])?,
             watch_restarts: counter("upstream_watch_restarts_total", "Upstream watches restarted, by reason (closed|error|expired|heal|rewound).", &["reason"])?,
@@ -198,6 +202,7 @@ impl CacheMetrics {
         registry.register(Box::new(m.objects.clone()))?;
         registry.register(Box::new(m.bytes.clone()))?;
         registry.register(Box::new(m.history.clone()))?;
+        registry.register(Box::new(m.history_bytes.clone()))?;
         registry.register(Box::new(m.resource_version.clone()))?;
         registry.register(Box::new(m.relists.clone()))?;
         registry.register(Box::new(m.watch_restarts.clone()))?;
@@ -278,6 +283,7 @@ impl CacheMetrics {
             objects: self.objects.with_label_values(&l),
             bytes: self.bytes.with_label_values(&l),
             history: self.history.with_label_values(&l),
+            history_bytes: self.history_bytes.with_label_values(&l),
             resource_version: self.resource_version.with_label_values(&l),
             relists: self.relists.with_label_values(&l),
             watchers: self.watchers.with_label_values(&l),

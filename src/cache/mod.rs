@@ -129,12 +129,16 @@ impl Caches {
             };
             let store = Settings {
                 history_capacity: r.history_capacity.unwrap_or(config.history_capacity),
-                history_max_age: Duration::from_secs(config.history_max_age_seconds),
+                history_max_age: Duration::from_secs(
+                    r.history_max_age_seconds
+                        .unwrap_or(config.history_max_age_seconds),
+                ),
                 watcher_buffer: config.watcher_buffer_events,
                 blocked_budget: Duration::from_secs(config.slow_watcher_timeout_seconds),
                 node_indexed: field_set == FieldSet::Pod,
                 namespaced,
                 field_set,
+                history_bytes: Some(resource_metrics.history_bytes.clone()),
             };
             let cache = ResourceCache::new(info, store, read.clone(), resource_metrics);
             by_gvr.insert(
@@ -233,5 +237,29 @@ fn invalid(i: usize, field: &str, message: &str) -> ConfigError {
     ConfigError::Invalid {
         field: format!("cache.resources[{i}].{field}"),
         message: message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resource_overrides_the_history_bounds() {
+        let config = crate::component::config::Config::from_yaml(
+            "cache:\n  resources:\n  - {version: v1, resource: pods}\n  - {group: discovery.k8s.io, version: v1, resource: endpointslices, historyCapacity: 50, historyMaxAgeSeconds: 75}\n",
+        )
+        .unwrap();
+        let metrics = CacheMetrics::new(&prometheus::Registry::new()).unwrap();
+        let identity = crate::upstream::identity::Identity::AsGiven;
+        let caches = Caches::new(&config.cache, "", &identity, &metrics).unwrap();
+        let bounds = |group: &str, resource: &str| {
+            caches.get(group, "v1", resource).unwrap().history_bounds()
+        };
+        assert_eq!(bounds("", "pods"), (10_000, Duration::from_secs(300)));
+        assert_eq!(
+            bounds("discovery.k8s.io", "endpointslices"),
+            (50, Duration::from_secs(75))
+        );
     }
 }

@@ -343,9 +343,19 @@ impl ResourceCache {
         self.observe(&s, &o);
     }
 
+    /// The history's bounds: events, and age.
+    #[cfg(test)]
+    pub fn history_bounds(&self) -> (usize, Duration) {
+        let s = self.state.lock();
+        (s.settings().history_capacity, s.settings().history_max_age)
+    }
+
     /// Applies upstream progress (a bookmark).
     pub fn progress(&self, rv: u64) {
         let mut s = self.state.lock();
+        // Bookmarks come in quiet times too: the last burst's frames are
+        // released without waiting for the next event.
+        s.release_frames(Instant::now());
         if s.progress(rv) {
             self.observe(&s, &Outcome::default());
         }

@@ -57,6 +57,7 @@ pub(crate) fn test_cache_tuned(
             node_indexed: false,
             namespaced: true,
             field_set: FieldSet::Default,
+            history_bytes: None,
         },
         read,
         metrics.resource("", "configmaps"),

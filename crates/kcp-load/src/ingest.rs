@@ -132,6 +132,7 @@ pub fn ingest(a: &IngestArgs) -> Result<IngestReport> {
         node_indexed: a.kind == ObjectKind::Pod,
         namespaced,
         field_set,
+        history_bytes: None,
     });
     let json = |i: usize| -> String {
         let ns = format!("ns-{}", i % 10);
@@ -153,6 +154,7 @@ pub fn ingest(a: &IngestArgs) -> Result<IngestReport> {
             node_indexed: false,
             namespaced,
             field_set,
+            history_bytes: None,
         });
         warm.replace(Vec::new(), 1, Instant::now());
         for i in 0..100 {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use imbl::OrdMap;
+use prometheus::IntGauge;
 use tokio::sync::mpsc;
 
 use apimachinery::resource::FieldSet;
@@ -39,6 +40,10 @@ pub struct Settings {
     pub namespaced: bool,
     /// How objects' selectable fields are computed (for synthesized events).
     pub field_set: FieldSet,
+    /// Where the bytes the history holds beyond the current objects are
+    /// counted (`cache_history_bytes`): the versions only it keeps, and
+    /// the watch-event frames of its events.
+    pub history_bytes: Option<IntGauge>,
 }
 
 /// Where a new watcher starts.
@@ -86,6 +91,9 @@ pub struct State {
     history: VecDeque<Arc<Event>>,
     /// When each history event was applied (same length as `history`).
     history_at: VecDeque<Instant>,
+    /// The history events before this index have released their frames
+    /// (`release_frames`).
+    framed_from: usize,
     /// Every event with an RV above this is in the history.
     floor: u64,
     /// Intervals `(from, to)` of RVs the history skipped: a relist took the
@@ -124,6 +132,7 @@ impl State {
             rv: 0,
             history: VecDeque::new(),
             history_at: VecDeque::new(),
+            framed_from: 0,
             floor: 0,
             skipped: VecDeque::new(),
             synced: false,
@@ -152,6 +161,12 @@ impl State {
     /// The current objects (a cheap, immutable snapshot when cloned).
     pub fn objects(&self) -> &Objects {
         &self.objects
+    }
+
+    /// How the store behaves.
+    #[cfg(test)]
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// Number of events in the history.
@@ -201,8 +216,9 @@ impl State {
         let closed = (kind != EventType::Deleted)
             .then(|| self.packs.place(&mut object, self.bytes))
             .flatten();
-        let event = Arc::new(Event::new(object.rv, kind, Arc::new(object), prev));
-        let outcome = self.push(event, now);
+        let event = Event::new(object.rv, kind, Arc::new(object), prev)
+            .counted_in(self.settings.history_bytes.clone());
+        let outcome = self.push(Arc::new(event), now);
         if let Some(sparse) = closed {
             self.unpack(sparse);
         }
@@ -231,6 +247,13 @@ impl State {
             true
         } else {
             false
+        }
+    }
+
+    /// Counts `delta` bytes of object versions in `cache_history_bytes`.
+    fn account(&self, delta: i64) {
+        if let Some(gauge) = &self.settings.history_bytes {
+            gauge.add(delta);
         }
     }
 
@@ -267,6 +290,7 @@ impl State {
             self.settings.blocked_budget,
             &mut outcome,
         );
+        self.account(event.retained_size() as i64);
         self.history.push_back(event);
         self.history_at.push_back(now);
         // Bounded by count, and by age as the apiserver's watch cache is
@@ -280,7 +304,9 @@ impl State {
             let Some(old) = self.history.pop_front() else {
                 break;
             };
+            self.account(-(old.retained_size() as i64));
             self.history_at.pop_front();
+            self.framed_from = self.framed_from.saturating_sub(1);
             self.floor = old.rv;
             while self
                 .skipped
@@ -291,7 +317,31 @@ impl State {
             }
             self.watchers.close_overrun(self.floor, &mut outcome);
         }
+        self.release_frames(now);
         outcome
+    }
+
+    /// Drops the watch-event frames of history events applied more than
+    /// the blocked budget before `now`. By then every watcher the event
+    /// was dispatched to has written it or been closed as blocked, so the
+    /// frames, shared while watchers write the event, are no longer
+    /// shared: they would only sit in memory for the rest of the history's
+    /// window (in a node proxy's EndpointSlice history, a third of its
+    /// bytes: docs/performance.md). A watch resuming from the history
+    /// later encodes them again, once, and the event keeps them for the
+    /// watches resuming with it.
+    pub fn release_frames(&mut self, now: Instant) {
+        let Some(before) = now.checked_sub(self.settings.blocked_budget) else {
+            return;
+        };
+        while self
+            .history_at
+            .get(self.framed_from)
+            .is_some_and(|at| *at < before)
+        {
+            self.history[self.framed_from].release_frames();
+            self.framed_from += 1;
+        }
     }
 
     /// Replaces the state with a fresh upstream list at `list_rv`. The
@@ -369,8 +419,11 @@ impl State {
                 self.watchers.reset(&mut outcome);
                 self.bytes = fresh.values().map(|o| o.heap_size()).sum();
                 self.objects = fresh;
+                let retained: usize = self.history.iter().map(|e| e.retained_size()).sum();
+                self.account(-(retained as i64));
                 self.history.clear();
                 self.history_at.clear();
+                self.framed_from = 0;
                 self.skipped.clear();
                 self.rv = list_rv;
                 self.floor = list_rv;
@@ -411,7 +464,10 @@ impl State {
                 EventType::Added
             };
             if obj.rv > self.rv {
-                changes.push(Event::new(obj.rv, kind, obj.clone(), prev.cloned()));
+                changes.push(
+                    Event::new(obj.rv, kind, obj.clone(), prev.cloned())
+                        .counted_in(self.settings.history_bytes.clone()),
+                );
             } else {
                 late.push((kind, obj.clone(), prev.cloned()));
             }
@@ -433,7 +489,9 @@ impl State {
         slots.sort_unstable();
         let (late_slots, gone_slots) = slots.split_at(late.len());
         for ((kind, obj, prev), rv) in late.into_iter().zip(late_slots) {
-            changes.push(Event::new(*rv, kind, obj, prev));
+            changes.push(
+                Event::new(*rv, kind, obj, prev).counted_in(self.settings.history_bytes.clone()),
+            );
         }
         for (prev, rv) in gone.into_iter().zip(gone_slots) {
             let stamped = CachedObject::from_json(
@@ -442,12 +500,15 @@ impl State {
                 self.settings.namespaced,
             )
             .ok()?;
-            changes.push(Event::new(
-                *rv,
-                EventType::Deleted,
-                Arc::new(stamped),
-                Some(prev.clone()),
-            ));
+            changes.push(
+                Event::new(
+                    *rv,
+                    EventType::Deleted,
+                    Arc::new(stamped),
+                    Some(prev.clone()),
+                )
+                .counted_in(self.settings.history_bytes.clone()),
+            );
         }
         changes.sort_by_key(|e| e.rv);
         Some(changes)

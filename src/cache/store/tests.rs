@@ -26,6 +26,7 @@ fn settings(cap: usize, buffer: usize) -> Settings {
         node_indexed: true,
         namespaced: true,
         field_set: FieldSet::Pod,
+        history_bytes: None,
     }
 }
 
@@ -384,6 +385,85 @@ fn history_is_bounded_by_age() {
     );
     let r = s.register(all(), Start::After(11)).unwrap();
     assert_eq!(r.replay.iter().map(|e| e.rv).collect::<Vec<_>>(), [12, 13]);
+}
+
+#[test]
+fn the_history_bytes_are_the_versions_only_it_keeps_and_its_frames() {
+    let gauge = prometheus::IntGauge::new("h", "h").unwrap();
+    let mut s = State::new(Settings {
+        history_capacity: 2,
+        history_bytes: Some(gauge.clone()),
+        ..settings(2, 10)
+    });
+    let a5 = pod("a", 5, "n1", "x");
+    let a5_size = a5.heap_size();
+    s.replace(vec![a5], 10, Instant::now());
+    assert_eq!(gauge.get(), 0, "the list's objects are current");
+    let mut w = s.register(all(), Start::After(10)).unwrap();
+    let a11 = pod("a", 11, "n1", "y");
+    let a11_size = a11.heap_size();
+    s.apply(EventType::Modified, a11, Instant::now());
+    // `a` at 5 is kept by the event that replaced it; `a` at 11 is current.
+    assert_eq!(gauge.get(), a5_size as i64);
+    // The watcher's frame is built, and counted while the event lives.
+    let d = w.rx.try_recv().unwrap();
+    let frame = d
+        .event
+        .frame(d.which, crate::cache::negotiate::Representation::JSON, None)
+        .unwrap();
+    assert_eq!(gauge.get(), (a5_size + frame.len()) as i64);
+    drop(d);
+    let gone = pod("a", 12, "n1", "y");
+    let gone_size = gone.heap_size();
+    s.apply(EventType::Deleted, gone, Instant::now());
+    assert_eq!(
+        gauge.get(),
+        (a5_size + frame.len() + a11_size + gone_size) as i64,
+        "a deletion keeps the last state and the deleted object"
+    );
+    // Capacity 2: the first event leaves, with `a` at 5 and its frame
+    // (the watcher's queue still holds the second).
+    s.apply(EventType::Added, pod("b", 13, "n1", "x"), Instant::now());
+    assert_eq!(gauge.get(), (a11_size + gone_size) as i64);
+    // A reset empties the history.
+    s.replace(Vec::new(), 5, Instant::now());
+    drop(w);
+    assert_eq!(gauge.get(), 0);
+}
+
+#[test]
+fn frames_are_released_after_the_blocked_budget_and_built_again_on_replay() {
+    let gauge = prometheus::IntGauge::new("h", "h").unwrap();
+    let mut s = State::new(Settings {
+        history_bytes: Some(gauge.clone()),
+        ..settings(100, 10)
+    });
+    s.replace(Vec::new(), 10, Instant::now());
+    let json = crate::cache::negotiate::Representation::JSON;
+    let t0 = Instant::now();
+    let mut w = s.register(all(), Start::After(10)).unwrap();
+    s.apply(EventType::Added, pod("a", 11, "n1", "x"), t0);
+    let d = w.rx.try_recv().unwrap();
+    let frame = d.event.frame(d.which, json, None).unwrap();
+    assert_eq!(gauge.get(), frame.len() as i64);
+    // Within the budget (10 s) the frame stays, for watchers still
+    // writing the event.
+    s.apply(
+        EventType::Added,
+        pod("b", 12, "n1", "x"),
+        t0 + Duration::from_secs(9),
+    );
+    assert_eq!(gauge.get(), frame.len() as i64);
+    // Past it, the next event (or bookmark) releases it.
+    s.release_frames(t0 + Duration::from_secs(11));
+    assert_eq!(gauge.get(), 0);
+    // A watch resuming from the history builds it again, the same bytes.
+    let r = s.register(all(), Start::After(10)).unwrap();
+    let again = r.replay[0]
+        .frame(crate::cache::event::Which::Added, json, None)
+        .unwrap();
+    assert_eq!(again, frame);
+    assert_eq!(gauge.get(), frame.len() as i64);
 }
 
 #[test]

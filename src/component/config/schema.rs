@@ -396,6 +396,11 @@ pub struct CachedResource {
     /// Overrides `cache.historyCapacity` for this resource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history_capacity: Option<usize>,
+    /// Overrides `cache.historyMaxAgeSeconds` for this resource: a
+    /// resource whose objects are big and rewritten often (EndpointSlices
+    /// under endpoint churn) keeps a shorter window of old versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_max_age_seconds: Option<u64>,
 }
 
 impl CachedResource {

@@ -234,6 +234,12 @@ impl CacheConfig {
                     "must be at least 1",
                 ));
             }
+            if r.history_max_age_seconds == Some(0) {
+                return Err(ConfigError::invalid(
+                    &field("historyMaxAgeSeconds"),
+                    "must be at least 1",
+                ));
+            }
             let known =
                 apimachinery::resource::built_in(&r.group, &r.version, &r.resource).is_some();
             if !known && r.kind.as_deref().is_none_or(str::is_empty) {
@@ -447,6 +453,15 @@ mod tests {
         );
         let c = Config::from_yaml("cache:\n  resources:\n  - {version: v1, resource: configmaps, fieldSelector: 'spec.nodeName=x'}\n").unwrap();
         assert!(c.cache.validate("").is_err());
+        let c = Config::from_yaml("cache:\n  resources:\n  - {group: discovery.k8s.io, version: v1, resource: endpointslices, historyMaxAgeSeconds: 0}\n").unwrap();
+        let err = c.cache.validate("").unwrap_err().to_string();
+        assert!(
+            err.starts_with("cache.resources[0].historyMaxAgeSeconds:"),
+            "{err}"
+        );
+        let c = Config::from_yaml("cache:\n  resources:\n  - {group: discovery.k8s.io, version: v1, resource: endpointslices, historyMaxAgeSeconds: 75}\n").unwrap();
+        assert!(c.cache.validate("").is_ok());
+        assert_eq!(c.cache.resources[0].history_max_age_seconds, Some(75));
     }
 
     #[test]
