@@ -322,14 +322,15 @@ impl State {
     }
 
     /// Drops the watch-event frames of history events applied more than
-    /// the blocked budget before `now`. By then every watcher the event
-    /// was dispatched to has written it or been closed as blocked, so the
-    /// frames, shared while watchers write the event, are no longer
-    /// shared: they would only sit in memory for the rest of the history's
-    /// window (in a node proxy's EndpointSlice history, a third of its
-    /// bytes: docs/performance.md). A watch resuming from the history
-    /// later encodes them again, once, and the event keeps them for the
-    /// watches resuming with it.
+    /// the blocked budget before `now`. Frames are shared while the
+    /// watchers an event was dispatched to write it, within milliseconds;
+    /// a watcher still behind it after the blocked budget is catching up
+    /// from the history (or about to be closed as blocked). Kept longer,
+    /// they would only sit in memory for the rest of the history's window
+    /// (in a node proxy's EndpointSlice history, a third of its bytes:
+    /// docs/performance.md (k)). A watcher that reads the event later
+    /// encodes them again, once, and the event keeps them for the others
+    /// (watches resuming with it).
     pub fn release_frames(&mut self, now: Instant) {
         let Some(before) = now.checked_sub(self.settings.blocked_budget) else {
             return;
