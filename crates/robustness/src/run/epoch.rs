@@ -169,8 +169,8 @@ impl Epoch {
 
 /// Waits until every proxy serves the world the apiserver serves (the
 /// run's writes stopped): ready (`/readyz`: every cache's upstream watch
-/// open), and a `resourceVersion=0` list of services and of its node's
-/// pods through each node proxy, and of services and the ConfigMaps the
+/// open), and a `resourceVersion=0` list of services, of its node's pods
+/// and of its Node through each node proxy, and of services and the ConfigMaps the
 /// token watchers read through each tier replica, equal by name and
 /// resourceVersion to a consistent list from the apiserver. Returns how
 /// long it took, per proxy.
@@ -195,8 +195,16 @@ pub(super) async fn wait_served(
         if as_node {
             lists.push((
                 p.name.clone(),
-                client,
+                client.clone(),
                 format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{}", node_of(p)),
+            ));
+            // Its own Node: that watch may resume later than the others
+            // after a restore (restarted 1.35 apiservers refused it for
+            // 24 s: docs/reliability.md, finding 10).
+            lists.push((
+                p.name.clone(),
+                client,
+                format!("/api/v1/nodes?fieldSelector=metadata.name%3D{}", node_of(p)),
             ));
         }
     }
