@@ -315,7 +315,7 @@ impl Reflector {
                 // After a crash, the periodic snapshot may be older than
                 // what the last process served.
                 if !clean {
-                    self.cache.set_resumed(Resumed::CatchingUp);
+                    self.cache.resumed_after_crash(rv);
                 }
                 self.cache.upstream_down();
                 self.readiness.set(

@@ -168,6 +168,10 @@ pub struct ResourceCache {
     /// Whether what the cache holds may be older than what this proxy (or
     /// its predecessor) already served: see [`Resumed`].
     resumed: watch::Sender<Resumed>,
+    /// After a crash: the resourceVersion of the snapshot the cache
+    /// resumed from, until it has caught up with upstream and disowned
+    /// what lies between ([`ResourceCache::resumed_after_crash`]).
+    crashed_at: Mutex<Option<u64>>,
     /// While a successor takes over: the reflector applies nothing (it
     /// stops reading upstream), so nothing is served past the snapshot the
     /// successor resumes from.
@@ -273,6 +277,7 @@ impl ResourceCache {
             compaction: Mutex::new(Compaction::default()),
             upstream_down_since: Mutex::new(None),
             resumed: watch::channel(Resumed::Current).0,
+            crashed_at: Mutex::new(None),
             history_resets: watch::channel(0).0,
             frozen: watch::channel(false).0,
             times: Mutex::new(Times::default()),
@@ -498,10 +503,54 @@ impl ResourceCache {
         *self.resumed.borrow()
     }
 
-    /// Sets where a cache filled from a snapshot stands.
+    /// Sets where a cache filled from a snapshot stands. A cache resumed
+    /// after a crash that has now caught up disowns the resourceVersions
+    /// between its snapshot's and its own first (see
+    /// [`ResourceCache::resumed_after_crash`]).
     pub fn set_resumed(&self, r: Resumed) {
+        let crashed = match r {
+            Resumed::Current => self.crashed_at.lock().take(),
+            _ => None,
+        };
+        if let Some(from) = crashed {
+            let (to, closed) = {
+                let mut s = self.state.lock();
+                let (to, o) = s.disown_since(from);
+                self.observe(&s, &o);
+                (to, o.closed_reset)
+            };
+            self.expire_below.fetch_max(to, Ordering::AcqRel);
+            self.snapshots.invalidate_all();
+            if to > from + 1 {
+                tracing::info!(resource = %self.info.gvr.resource, from, to, closed, "caught up after a crash: watches from between the snapshot's resourceVersion and the cache's get 410 Gone, and their clients list again");
+            }
+        }
         self.resumed
             .send_if_modified(|cur| std::mem::replace(cur, r) != r);
+    }
+
+    /// Marks a cache filled from the snapshot at `rv` after the previous
+    /// process crashed: [`Resumed::CatchingUp`]. The crashed process may
+    /// have served resourceVersions past `rv`, and the timeline it served
+    /// is lost with it: the events this cache receives for them from
+    /// upstream can differ (behind a tier, two replicas' relists give a
+    /// deletion different free resourceVersions), so a client resuming
+    /// from one of them could be sent changes it already has, or miss
+    /// some. Reads and watches from past `rv` wait until the cache has
+    /// caught up ([`ResourceCache::crashed_at`]); then the resourceVersions
+    /// strictly between `rv` and the cache's are disowned: a watch from
+    /// one gets `410 Gone` and its client lists again, as after a
+    /// kube-apiserver's restart, whose watch cache starts at its first
+    /// list (docs/reliability.md, finding 9).
+    pub fn resumed_after_crash(&self, rv: u64) {
+        *self.crashed_at.lock() = Some(rv);
+        self.set_resumed(Resumed::CatchingUp);
+    }
+
+    /// The resourceVersion of the crash snapshot the cache resumed from,
+    /// while it catches up (see [`ResourceCache::resumed_after_crash`]).
+    pub fn crashed_at(&self) -> Option<u64> {
+        *self.crashed_at.lock()
     }
 
     /// Waits up to `timeout` until a `resourceVersion=0` read may be

@@ -237,6 +237,20 @@ async fn current(cache: &ResourceCache) -> Result<(), Answer> {
     }
 }
 
+/// Waits, for a read or watch from `rv`, until a cache resumed from a
+/// crash's snapshot older than `rv` has caught up, after which `rv` is
+/// either the cache's own or disowned (a watch from it gets `410 Gone`,
+/// an exact read passes through); or declines (`resource.rs`
+/// `ResourceCache::resumed_after_crash`). Until then, the events the
+/// cache has received past its snapshot need not be those the crashed
+/// process served the client.
+async fn after_crash(cache: &ResourceCache, rv: u64) -> Result<(), Answer> {
+    match cache.crashed_at() {
+        Some(at) if rv > at => current(cache).await,
+        _ => Ok(()),
+    }
+}
+
 /// Proves the cache holds upstream's current state (it has reached the RV
 /// a probe started after the request arrived found upstream at), waiting
 /// at most `wait` for it; or declines. A probe upstream shed or left
@@ -441,6 +455,9 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>, neg: Negotiated)
             let Ok(rv) = query::parse_resource_version(rv) else {
                 return Answer::PassThrough("unparseable resourceVersion");
             };
+            if let Err(a) = after_crash(cache, rv).await {
+                return a;
+            }
             if let Err(s) = not_older_than(cache, rv).await {
                 return status(s, neg);
             }
@@ -625,6 +642,9 @@ async fn serve_list(
             }
         }
         (Some(rv), _) => {
+            if let Err(a) = after_crash(cache, rv).await {
+                return a;
+            }
             if let Err(s) = not_older_than(cache, rv).await {
                 return status(s, neg);
             }
@@ -661,6 +681,9 @@ async fn exact_list(
     rv: u64,
     neg: Negotiated,
 ) -> Answer {
+    if let Err(a) = after_crash(cache, rv).await {
+        return a;
+    }
     if rv > cache.rv()
         && let Err(s) = not_older_than(cache, rv).await
     {
@@ -731,6 +754,11 @@ async fn serve_watch(
         return a;
     }
     let initial = opts.send_initial_events == Some(true);
+    if let Some(rv) = parsed
+        && let Err(a) = after_crash(cache, rv).await
+    {
+        return a;
+    }
     let mut given = None;
     match parsed {
         None if initial

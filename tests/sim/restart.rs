@@ -202,3 +202,133 @@ async fn corrupt_truncated_or_foreign_snapshots_are_discarded_never_served() {
     };
     assert_eq!(discarded, env2.config.cache.resources.len() as f64);
 }
+
+/// After a crash, the proxy resumes from its periodic snapshot, older
+/// than what it served; the events it then receives for the
+/// resourceVersions in between need not be those the crashed process sent
+/// (docs/reliability.md, finding 9). Once caught up, a watch from one of
+/// them gets `410 Gone`, as from a restarted kube-apiserver, and its
+/// client lists again; the snapshot's resourceVersion and the cache's are
+/// served.
+#[tokio::test]
+async fn after_a_crash_a_watch_from_what_the_crashed_process_served_gets_410() {
+    let dir = tempdir().join("snapshots");
+    let mut env = Env::start_with(SimConfig::default(), with_snapshots(dir.clone())).await;
+    env.ready().await;
+    let admin = Identity::admin().auth(&env.sim);
+    let first = env.proxy(admin.clone());
+    let snapshot_rv = rv(&first
+        .get("/api/v1/namespaces/r/configmaps?resourceVersion=0")
+        .await
+        .json());
+    // The first snapshots, written at the first lists: what a crash
+    // leaves on disk (no clean mark).
+    let file = dir.join("configmaps.v1.snapshot");
+    let deadline = std::time::Instant::now() + support::SOON;
+    while !file.is_file() {
+        assert!(std::time::Instant::now() < deadline, "no snapshot");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let crashed = tempdir().join("crashed");
+    std::fs::create_dir_all(&crashed).unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "snapshot") {
+            std::fs::copy(&path, crashed.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let gvr = support::configmaps();
+    for name in ["a", "b"] {
+        env.sim.create(&gvr, cm(name)).unwrap();
+    }
+    until_listed(&first, &["a", "b"]).await;
+    let served = rv(&first
+        .get("/api/v1/namespaces/r/configmaps?resourceVersion=0")
+        .await
+        .json());
+    assert!(served > snapshot_rv + 1);
+    env.stop_proxy().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::rename(&crashed, &dir).unwrap();
+
+    // While no proxy runs, the world moves on.
+    env.sim.create(&gvr, cm("c")).unwrap();
+    let second = Running::start(&env.config).await;
+    let c = Client::new(&second.url, &env.proxy_ca_pem, admin, false);
+    // Sent at once: it waits for the cache to catch up, then is refused.
+    let mut w = c
+        .watch(
+            &format!("/api/v1/namespaces/r/configmaps?watch=1&resourceVersion={served}"),
+            &[],
+        )
+        .await;
+    assert_eq!(w.status, 200);
+    match w.next(std::time::Duration::from_secs(15)).await {
+        support::Next::Event(e) => {
+            assert_eq!(e["type"], "ERROR", "{e}");
+            assert_eq!(e["object"]["code"], 410, "{e}");
+            assert_eq!(e["object"]["reason"], "Expired", "{e}");
+            let message = e["object"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with(&format!("too old resource version: {served} (")),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    second.ready().await;
+    // From the snapshot's resourceVersion: every change since.
+    let mut w = c
+        .watch(
+            &format!("/api/v1/namespaces/r/configmaps?watch=1&resourceVersion={snapshot_rv}"),
+            &[],
+        )
+        .await;
+    let mut added = Vec::new();
+    while added.len() < 3 {
+        match w.next(std::time::Duration::from_secs(5)).await {
+            support::Next::Event(e) => {
+                assert_eq!(e["type"], "ADDED", "{e}");
+                added.push(
+                    e["object"]["metadata"]["name"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                );
+            }
+            other => panic!("{other:?} after {added:?}"),
+        }
+    }
+    assert_eq!(added, ["a", "b", "c"]);
+    // The client lists again, and watches from what it got.
+    let list = c
+        .get("/api/v1/namespaces/r/configmaps?resourceVersion=0")
+        .await
+        .json();
+    assert_eq!(names(&list), ["a", "b", "c"]);
+    let mut w = c
+        .watch(
+            &format!(
+                "/api/v1/namespaces/r/configmaps?watch=1&resourceVersion={}",
+                rv(&list)
+            ),
+            &[],
+        )
+        .await;
+    env.sim.create(&gvr, cm("d")).unwrap();
+    match w.next(std::time::Duration::from_secs(5)).await {
+        support::Next::Event(e) => {
+            assert_eq!(e["type"], "ADDED", "{e}");
+            assert_eq!(e["object"]["metadata"]["name"], "d", "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn rv(list: &Value) -> u64 {
+    list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}

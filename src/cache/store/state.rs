@@ -539,7 +539,39 @@ impl State {
     /// Whether `rv` lies strictly inside an interval the history skipped
     /// (see `skipped`).
     fn in_skipped(&self, rv: u64) -> bool {
-        self.skipped.iter().any(|(from, to)| rv > *from && rv < *to)
+        self.skipped_to(rv).is_some()
+    }
+
+    /// The end of the interval the history skipped that `rv` lies strictly
+    /// inside, if any: where a client there may resume from.
+    fn skipped_to(&self, rv: u64) -> Option<u64> {
+        self.skipped
+            .iter()
+            .filter(|(from, to)| rv > *from && rv < *to)
+            .map(|(_, to)| *to)
+            .max()
+    }
+
+    /// Disowns the resourceVersions strictly between `from` and the
+    /// cache's RV: after a crash, the cache resumed from a snapshot at
+    /// `from` and has caught up with upstream since, but the events it
+    /// received in between need not be those the crashed process served
+    /// (behind a tier, another replica's relist gives deletions other free
+    /// resourceVersions), and what that process served is lost with it. A
+    /// watch or exact read from inside them is too old (`register`,
+    /// `snapshot_at`), and the watchers already waiting there are closed,
+    /// as a restarted kube-apiserver's watch cache starts its window at
+    /// its first list. Returns the cache's RV.
+    pub fn disown_since(&mut self, from: u64) -> (u64, Outcome) {
+        let mut outcome = Outcome::default();
+        let to = self.rv;
+        if to > from + 1 {
+            self.watchers.close_between(from, to, &mut outcome);
+            if !self.skipped.contains(&(from, to)) {
+                self.skipped.push_back((from, to));
+            }
+        }
+        (to, outcome)
     }
 
     /// Registers a watcher.
@@ -551,10 +583,7 @@ impl State {
         let (replay, snapshot, min_rv) = match start {
             Start::After(rv) => {
                 if rv < self.floor || self.in_skipped(rv) {
-                    return Err(TooOld {
-                        requested: rv,
-                        floor: self.floor,
-                    });
+                    return Err(self.too_old(rv));
                 }
                 let from = self.history.partition_point(|e| e.rv <= rv);
                 (self.history.range(from..).cloned().collect(), None, rv)
@@ -562,10 +591,7 @@ impl State {
             Start::Snapshot => (Vec::new(), Some((self.objects.clone(), self.rv)), self.rv),
             Start::Given(objects, rv) => {
                 if rv < self.floor || self.in_skipped(rv) {
-                    return Err(TooOld {
-                        requested: rv,
-                        floor: self.floor,
-                    });
+                    return Err(self.too_old(rv));
                 }
                 let from = self.history.partition_point(|e| e.rv <= rv);
                 (
@@ -587,6 +613,16 @@ impl State {
             snapshot,
             min_rv,
         })
+    }
+
+    /// Why a watch cannot start from `rv`: the oldest RV it could start
+    /// from instead is the history's floor, or the end of the interval
+    /// skipped around `rv`.
+    fn too_old(&self, rv: u64) -> TooOld {
+        TooOld {
+            requested: rv,
+            floor: self.skipped_to(rv).unwrap_or(self.floor),
+        }
     }
 
     /// Removes a watcher (its stream ended).

@@ -285,6 +285,47 @@ fn a_relist_skips_the_rvs_between_and_closes_watchers_ahead_of_the_cache() {
 }
 
 #[test]
+fn after_a_crash_the_rvs_between_the_snapshot_and_the_caught_up_cache_are_disowned() {
+    // Resumed from a crash's snapshot at 10; a client resumes from 14, an
+    // RV the crashed process served, and waits for the cache to reach it.
+    let mut s = synced(100, 10);
+    let waiting = s.register(all(), Start::After(14)).unwrap();
+    let mut from_snapshot = s.register(all(), Start::After(10)).unwrap();
+    let now = Instant::now();
+    s.apply(EventType::Modified, pod("a", 12, "n1", "x"), now);
+    s.apply(EventType::Deleted, pod("b", 15, "n2", "x"), now);
+    s.apply(EventType::Added, pod("c", 16, "n1", "x"), now);
+    // Caught up at 16: 11..=15 are disowned.
+    let (to, o) = s.disown_since(10);
+    assert_eq!((to, o.closed_reset), (16, 1));
+    assert!(waiting.link.is_closed());
+    assert_eq!(
+        types(&mut from_snapshot.rx),
+        vec!["MODIFIED a 12", "DELETED b 15", "ADDED c 16"]
+    );
+    assert_eq!(
+        s.register(all(), Start::After(14)).unwrap_err(),
+        TooOld {
+            requested: 14,
+            floor: 16
+        }
+    );
+    assert!(s.register(all(), Start::After(11)).is_err());
+    assert!(s.snapshot_at(12).is_none());
+    // The snapshot's own RV and the cache's are exact: a client that
+    // lists now and watches from what it got is served.
+    assert!(s.register(all(), Start::After(10)).is_ok());
+    assert!(s.register(all(), Start::After(16)).is_ok());
+    assert_eq!(s.snapshot_at(10).unwrap().len(), 2);
+    // Nothing between (caught up at once): nothing is disowned.
+    let mut s = synced(100, 10);
+    s.progress(11);
+    assert_eq!(s.disown_since(10).0, 11);
+    assert!(s.register(all(), Start::After(10)).is_ok());
+    assert!(s.register(all(), Start::After(11)).is_ok());
+}
+
+#[test]
 fn relist_that_cannot_be_expressed_resets() {
     let mut s = synced(100, 10);
     let r = s.register(all(), Start::After(10)).unwrap();
