@@ -64,6 +64,14 @@ pub enum ReflectorError {
     Malformed(String),
 }
 
+impl ReflectorError {
+    /// Whether upstream refused the request (`401`, `403`).
+    fn is_refusal(&self) -> bool {
+        matches!(self, ReflectorError::Status { status, .. }
+            if *status == StatusCode::UNAUTHORIZED || *status == StatusCode::FORBIDDEN)
+    }
+}
+
 #[derive(Deserialize)]
 struct ListBody<'a> {
     #[serde(borrow)]
@@ -218,6 +226,7 @@ impl Reflector {
                 }
                 Err(error) => {
                     tracing::warn!(resource = %check, %error, "upstream list failed");
+                    self.refused(&check, &error);
                     if !self.cache.is_synced() {
                         self.readiness
                             .set(&check, Err(format!("initial list not done: {error}")));
@@ -276,6 +285,7 @@ impl Reflector {
                         self.cache.metrics.watch_restart("error");
                         verify = true;
                         tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
+                        self.refused(&check, &error);
                         if self.cache.resumed() == Resumed::CatchingUp {
                             self.cache.set_resumed(Resumed::Unreachable);
                         }
@@ -359,6 +369,14 @@ impl Reflector {
                     self.cache.rv()
                 )),
             );
+        }
+    }
+
+    /// Notes a refusal of the cache's list or watch: its reads pass
+    /// through until one succeeds ([`ResourceCache::refused`]).
+    fn refused(&self, check: &str, error: &ReflectorError) {
+        if error.is_refusal() && !self.cache.upstream_refused() {
+            tracing::warn!(resource = %check, %error, "upstream refuses the cache's reads; they pass through until it allows them");
         }
     }
 

@@ -165,6 +165,9 @@ pub struct ResourceCache {
     behind_since: Mutex<Option<Instant>>,
     /// Since when upstream could not be watched, if it cannot.
     upstream_down_since: Mutex<Option<Instant>>,
+    /// Whether upstream refused the cache's last list or watch (`401`,
+    /// `403`), until one succeeds: see [`ResourceCache::refused`].
+    refused: AtomicBool,
     /// Whether what the cache holds may be older than what this proxy (or
     /// its predecessor) already served: see [`Resumed`].
     resumed: watch::Sender<Resumed>,
@@ -276,6 +279,7 @@ impl ResourceCache {
             probe: Mutex::new(ProbeSlot::default()),
             compaction: Mutex::new(Compaction::default()),
             upstream_down_since: Mutex::new(None),
+            refused: AtomicBool::new(false),
             resumed: watch::channel(Resumed::Current).0,
             crashed_at: Mutex::new(None),
             history_resets: watch::channel(0).0,
@@ -584,9 +588,30 @@ impl ResourceCache {
         *self.upstream_down_since.lock()
     }
 
-    /// Records that an upstream watch is open; returns whether it was down.
+    /// Records that an upstream watch is open (or a list succeeded);
+    /// returns whether it was down.
     pub fn upstream_up(&self) -> bool {
+        self.refused.store(false, Ordering::Release);
         self.upstream_down_since.lock().take().is_some()
+    }
+
+    /// Records that upstream refused the cache's own list or watch (`401`
+    /// or `403`); returns whether it already had.
+    pub fn upstream_refused(&self) -> bool {
+        self.refused.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether upstream refuses the cache's reads: until it allows them
+    /// again, the cache's reads pass through. Upstream answers, so it is
+    /// not down, and what the cache holds is what the proxy may no longer
+    /// read: kept from before its rights were taken away, or from before
+    /// etcd was restored, while restarted apiservers refuse it until
+    /// their authorizers are ready (docs/reliability.md, finding 10).
+    /// Serving it (as when upstream cannot be reached at all) would show
+    /// what the apiserver would not; passed through, the request gets the
+    /// apiserver's own answer for the client.
+    pub fn refused(&self) -> bool {
+        self.refused.load(Ordering::Acquire)
     }
 
     // --- reader side ---

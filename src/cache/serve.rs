@@ -86,6 +86,9 @@ pub const OLDER_THAN_THE_CACHE: &str = "resourceVersion older than the cache";
 /// Why a read passes through while the cache has not completed its first
 /// list.
 pub const NOT_READY: &str = "not ready";
+/// Why a read passes through while upstream refuses the cache's own list
+/// or watch (`ResourceCache::refused`).
+pub const UPSTREAM_REFUSED: &str = "upstream refused";
 /// Why a consistent read passes through when upstream's resourceVersion
 /// could not be learnt.
 pub const PROBE_FAILED: &str = "probe failed";
@@ -123,6 +126,7 @@ pub fn is_transient(reason: &str) -> bool {
         NOT_FRESH,
         COMPACTED,
         CATCHING_UP,
+        UPSTREAM_REFUSED,
     ]
     .contains(&reason)
 }
@@ -216,8 +220,12 @@ fn status(s: Status, neg: Negotiated) -> Answer {
     Answer::Served(encode::status_response(s, neg.errors))
 }
 
-/// Waits for the first list, or declines.
+/// Waits for the first list, or declines; declines at once while upstream
+/// refuses the cache's reads.
 async fn ready(cache: &ResourceCache) -> Result<(), Answer> {
+    if cache.refused() {
+        return Err(Answer::PassThrough(UPSTREAM_REFUSED));
+    }
     if cache.wait_synced(cache.read.ready_wait).await {
         Ok(())
     } else {

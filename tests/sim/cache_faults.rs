@@ -279,3 +279,64 @@ async fn a_killed_upstream_connection_resumes_without_relisting() {
     );
     assert!(metric(&env, "kube_cache_proxy_upstream_watch_restarts_total{group=\"\",reason=\"error\",resource=\"configmaps\"}").await >= 3.0);
 }
+
+fn names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// An upstream that answers but refuses the cache's own watch (`403`: the
+/// proxy's role edited, or restarted apiservers whose authorizers are not
+/// ready, as after an etcd restore) is not an upstream that cannot be
+/// reached: what the cache kept is not served meanwhile, reads pass
+/// through and get the apiserver's answer, and the cache serves again
+/// once its watch is allowed (docs/reliability.md, finding 10).
+#[tokio::test]
+async fn reads_pass_through_while_upstream_refuses_the_caches_watch() {
+    let env = env().await;
+    let admin = env.proxy(Identity::admin().auth(&env.sim));
+    let list = "/api/v1/namespaces/f/configmaps?resourceVersion=0";
+    let refused = "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"upstream_refused\",resource=\"configmaps\",source=\"upstream\",verb=\"LIST\"}";
+    env.sim.create(&cms(), cm("a", "x")).unwrap();
+    let deadline = Instant::now() + SOON;
+    while names(&admin.get(list).await.json()) != ["a"] {
+        assert!(Instant::now() < deadline, "never listed a");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&env, refused).await, 0.0);
+
+    env.sim.policy().withhold_from_proxy("configmaps", true);
+    env.sim.drop_watches();
+    env.sim.create(&cms(), cm("b", "x")).unwrap();
+    // The cache cannot see b; the apiserver, asked for the admin, can.
+    let deadline = Instant::now() + SOON;
+    loop {
+        let r = admin.get(list).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        if names(&r.json()) == ["a", "b"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "served {}", r.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(metric(&env, refused).await >= 1.0);
+
+    // Allowed again: the cache catches up and serves.
+    env.sim.policy().withhold_from_proxy("configmaps", false);
+    env.sim.create(&cms(), cm("c", "x")).unwrap();
+    let from_cache = "kube_cache_proxy_cache_reads_total{group=\"\",reason=\"\",resource=\"configmaps\",source=\"cache\",verb=\"LIST\"}";
+    let deadline = Instant::now() + SOON;
+    loop {
+        let before = metric(&env, from_cache).await;
+        let r = admin.get(list).await;
+        if names(&r.json()) == ["a", "b", "c"] && metric(&env, from_cache).await > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "served {}", r.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -26,6 +26,9 @@ pub struct Policy {
     proxy_user: String,
     grants: RwLock<Vec<(u64, Subject, Rule)>>,
     next_id: AtomicU64,
+    /// Resources the proxy user's rules no longer cover (its role edited,
+    /// or an apiserver whose authorizer is not ready yet).
+    withheld_from_proxy: RwLock<Vec<String>>,
 }
 
 /// The 403 `responsewriters.Forbidden` writes for a non-allow decision.
@@ -96,6 +99,7 @@ impl Policy {
             proxy_user: proxy_user.to_string(),
             grants: RwLock::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            withheld_from_proxy: RwLock::new(Vec::new()),
         }
     }
 
@@ -112,6 +116,16 @@ impl Policy {
         let before = grants.len();
         grants.retain(|(i, _, _)| *i != id);
         grants.len() != before
+    }
+
+    /// Takes `resource` (a plural name, any group) out of the proxy
+    /// user's rules (`withheld`), or gives it back.
+    pub fn withhold_from_proxy(&self, resource: &str, withheld: bool) {
+        let mut w = self.withheld_from_proxy.write();
+        w.retain(|r| r != resource);
+        if withheld {
+            w.push(resource.to_string());
+        }
     }
 
     /// Removes every granted rule (built-in rules stay).
@@ -187,7 +201,10 @@ impl Policy {
                 return true;
             }
         }
-        if attrs.user.name == self.proxy_user {
+        if attrs.user.name == self.proxy_user
+            && !(attrs.resource_request
+                && self.withheld_from_proxy.read().contains(&attrs.resource))
+        {
             let proxy = [
                 Rule::new(&["get", "list", "watch"], &["*"], &["*"]),
                 Rule::new(&["create"], &["authentication.k8s.io"], &["tokenreviews"]),
