@@ -5,6 +5,7 @@
 //! in the right state.
 
 use crate::support;
+use support::item_names as names;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -278,15 +279,6 @@ async fn a_killed_upstream_connection_resumes_without_relisting() {
         "resumed from the cache's RV, no relist"
     );
     assert!(metric(&env, "kube_cache_proxy_upstream_watch_restarts_total{group=\"\",reason=\"error\",resource=\"configmaps\"}").await >= 3.0);
-}
-
-fn names(list: &Value) -> Vec<String> {
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
-        .collect()
 }
 
 /// An upstream that answers but refuses the cache's own watch (`403`: the

@@ -4,6 +4,7 @@
 //! bookmarks, slow watchers, and the upstream load it saves.
 
 use crate::support;
+use support::item_names as names;
 
 use std::time::{Duration, Instant};
 
@@ -46,15 +47,6 @@ async fn metric(env: &Env, prefix: &str) -> f64 {
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-fn names(list: &Value) -> Vec<String> {
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
-        .collect()
 }
 
 #[tokio::test]

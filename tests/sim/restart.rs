@@ -5,6 +5,7 @@
 //! or from another cluster is discarded, never served.
 
 use crate::support;
+use support::item_names as names;
 
 use std::path::PathBuf;
 
@@ -23,15 +24,6 @@ fn with_snapshots(dir: PathBuf) -> impl FnOnce(&mut Config) {
         support::cache_configmaps(c);
         c.cache.persistence.directory = Some(dir);
     }
-}
-
-fn names(list: &Value) -> Vec<String> {
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
-        .collect()
 }
 
 async fn metric(running: &Running, prefix: &str) -> f64 {

@@ -71,6 +71,19 @@ pub fn cache_configmaps(c: &mut Config) {
     });
 }
 
+/// The names of a list's items, in order.
+///
+/// # Panics
+/// When `list` has no `items` array or an item no name.
+pub fn item_names(list: &serde_json::Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().expect("a name").to_string())
+        .collect()
+}
+
 /// For things expected promptly.
 pub const SOON: Duration = Duration::from_secs(5);
 /// For checking that nothing arrives.
