@@ -173,8 +173,9 @@ pub struct ResourceCache {
     resumed: watch::Sender<Resumed>,
     /// After a crash: the resourceVersion of the snapshot the cache
     /// resumed from, until it has caught up with upstream and disowned
-    /// what lies between ([`ResourceCache::resumed_after_crash`]).
-    crashed_at: Mutex<Option<u64>>,
+    /// what lies between ([`ResourceCache::resumed_after_crash`]); `0`
+    /// otherwise. Read by every read with a resourceVersion: an atomic.
+    crashed_at: AtomicU64,
     /// While a successor takes over: the reflector applies nothing (it
     /// stops reading upstream), so nothing is served past the snapshot the
     /// successor resumes from.
@@ -281,7 +282,7 @@ impl ResourceCache {
             upstream_down_since: Mutex::new(None),
             refused: AtomicBool::new(false),
             resumed: watch::channel(Resumed::Current).0,
-            crashed_at: Mutex::new(None),
+            crashed_at: AtomicU64::new(0),
             history_resets: watch::channel(0).0,
             frozen: watch::channel(false).0,
             times: Mutex::new(Times::default()),
@@ -512,11 +513,11 @@ impl ResourceCache {
     /// between its snapshot's and its own first (see
     /// [`ResourceCache::resumed_after_crash`]).
     pub fn set_resumed(&self, r: Resumed) {
-        let crashed = match r {
-            Resumed::Current => self.crashed_at.lock().take(),
-            _ => None,
+        let from = match r {
+            Resumed::Current => self.crashed_at.swap(0, Ordering::AcqRel),
+            _ => 0,
         };
-        if let Some(from) = crashed {
+        if from > 0 {
             let (to, closed) = {
                 let mut s = self.state.lock();
                 let (to, o) = s.disown_since(from);
@@ -547,14 +548,14 @@ impl ResourceCache {
     /// kube-apiserver's restart, whose watch cache starts at its first
     /// list (docs/reliability.md, finding 9).
     pub fn resumed_after_crash(&self, rv: u64) {
-        *self.crashed_at.lock() = Some(rv);
+        self.crashed_at.store(rv, Ordering::Release);
         self.set_resumed(Resumed::CatchingUp);
     }
 
     /// The resourceVersion of the crash snapshot the cache resumed from,
     /// while it catches up (see [`ResourceCache::resumed_after_crash`]).
     pub fn crashed_at(&self) -> Option<u64> {
-        *self.crashed_at.lock()
+        Some(self.crashed_at.load(Ordering::Acquire)).filter(|at| *at > 0)
     }
 
     /// Waits up to `timeout` until a `resourceVersion=0` read may be
