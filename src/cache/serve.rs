@@ -259,9 +259,22 @@ async fn after_crash(cache: &ResourceCache, rv: u64) -> Result<(), Answer> {
     }
 }
 
+/// Waits, for a consistent read, until a cache resumed from a crash's
+/// snapshot has caught up (see [`after_crash`]): answered sooner, from the
+/// resourceVersion the cache has reached by then, the client would hold one
+/// the catch-up may disown a moment later, and its next watch from it would
+/// get `410 Gone` and a list more.
+async fn caught_up(cache: &ResourceCache) -> Result<(), Answer> {
+    match cache.crashed_at() {
+        Some(_) => current(cache).await,
+        None => Ok(()),
+    }
+}
+
 /// Proves the cache holds upstream's current state (it has reached the RV
 /// a probe started after the request arrived found upstream at), waiting
-/// at most `wait` for it; or declines. A probe upstream shed or left
+/// at most `wait` for it; or declines. A cache still catching up after a
+/// crash is waited for first ([`caught_up`]). A probe upstream shed or left
 /// unanswered ([`ProbeError::is_busy`]) is answered with an error to
 /// retry, as the apiserver's own overload answers: `429` (what upstream
 /// said) or `503`, each with `Retry-After: 1` (client-go's reflectors
@@ -273,6 +286,7 @@ async fn consistent(
     wait: Duration,
     neg: Negotiated,
 ) -> Result<(), Answer> {
+    caught_up(cache).await?;
     if wait.is_zero() && cache.known_behind() {
         return Err(Answer::PassThrough(NOT_FRESH));
     }
@@ -316,6 +330,7 @@ async fn consistent_one(
     namespace: Option<&str>,
     name: &str,
 ) -> Result<Option<Start>, Answer> {
+    caught_up(cache).await?;
     let info = cache.info().clone();
     let probe_upstream = upstream.clone();
     let target = cache
@@ -910,5 +925,48 @@ mod busy_tests {
         // Anything else passes the read through.
         assert!(busy(&ProbeError::Failed("refused".into())).is_none());
         assert!(busy(&ProbeError::Rewound).is_none());
+    }
+}
+
+#[cfg(test)]
+mod crash_tests {
+    use super::*;
+    use crate::cache::negotiate::Representation;
+    use crate::cache::resource::Resumed;
+    use crate::cache::resource::tests::test_cache;
+
+    /// A consistent read of a cache resumed after a crash waits for the
+    /// catch-up before it probes upstream: served at a resourceVersion the
+    /// catch-up then disowns, its client's next watch would get `410
+    /// Gone` (`ResourceCache::resumed_after_crash`). Upstream here refuses
+    /// connections, so the probe fails at once when it is sent.
+    #[tokio::test]
+    async fn a_consistent_read_waits_for_a_crashed_cache_to_catch_up() {
+        let cache = Arc::new(test_cache());
+        cache.replace(Vec::new(), 10);
+        cache.resumed_after_crash(10);
+        let upstream = Upstream::new(
+            &kube::Config::new("https://127.0.0.1:1".parse().unwrap()),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let neg = Negotiated {
+            body: Representation::JSON,
+            errors: ErrorEncoding::Json,
+        };
+        let read = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                consistent(&cache, &upstream, Instant::now(), Duration::ZERO, neg).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!read.is_finished(), "answered while catching up");
+        cache.set_resumed(Resumed::Current);
+        match read.await.unwrap() {
+            Err(Answer::PassThrough(reason)) => assert_eq!(reason, PROBE_FAILED),
+            other => panic!("{other:?}"),
+        }
     }
 }
