@@ -857,39 +857,70 @@ pub fn probe_compaction(
     async move { bounded_probe(probe).await.map_err(|e| e.to_string()) }.boxed()
 }
 
-/// A consistency probe's field selector: the cache's scope and, for each
-/// of its `=` terms, the same term with `!=`, so that it selects nothing.
-/// The apiserver still reads only what the scope picks, and authorizes the
-/// probe as the scope:
-/// - a `metadata.name` term is the one key read (registry `Store.ListPredicate`,
-///   `MatchesSingle`) and the request's name (`RequestInfoFactory`), which
-///   the Node authorizer compares with the node's own;
-/// - a Pod's `spec.nodeName` term is the watch cache's index
-///   (`SelectionPredicate.MatcherIndex`) and what the Node authorizer looks
-///   for among the terms;
-/// - Go's `RequiresExactMatch` takes the first `=` term, never a `!=` one.
+/// A consistency probe's field selector: the cache's scope and terms that
+/// together with it select nothing, so the answer is an empty list
+/// carrying the resourceVersion (about 120 bytes) and the apiserver reads
+/// one key, or only what the scope picks:
+/// - a scoped cache: for each of the scope's `=` terms, the same term with
+///   `!=`. The apiserver still reads only what the scope picks, and
+///   authorizes the probe as the scope: a `metadata.name` term is the one
+///   key read (registry `Store.ListPredicate`, `MatchesSingle`) and the
+///   request's name (`RequestInfoFactory`), which the Node authorizer
+///   compares with the node's own; a Pod's `spec.nodeName` term is the
+///   watch cache's index (`SelectionPredicate.MatcherIndex`) and what the
+///   Node authorizer looks for among the terms; Go's `RequiresExactMatch`
+///   takes the first `=` term, never a `!=` one.
+/// - an unscoped cache (no `=` term): `metadata.name=P,metadata.name!=P`
+///   and, for a namespaced resource, `metadata.namespace=default`, so that
+///   `Store.ListPredicate` reads the one key `P` (`MatchesSingleNamespace`
+///   puts the namespace in the request's context, without which the key
+///   of a namespaced name cannot be made and every object would be
+///   filtered). Every built-in resource and custom resource supports both
+///   fields in selectors (`DefaultNamespaceScopedAttr`, and the core
+///   group's field label conversions).
 ///
-/// The answer is an empty list carrying the resourceVersion, about 120
-/// bytes, where a probe of a scoped cache returned one of its objects'
+/// Before, a probe of a scoped cache returned one of its objects'
 /// metadata, managedFields and all (a node proxy's pods probe: 2.7 KB on
-/// average in a mass restart of hollow nodes, 0.2 KB with this selector:
-/// docs/performance.md, section (k)).
-/// A consistent list is served from the watch cache on every version
-/// this proxy supports (`ConsistentListFromCache`, GA and locked in
-/// 1.34), so the nothing-matching filter walks only what the index or key
-/// picks. An unscoped cache's probe is left as it is: it returns at most
-/// one item, and a filter there would walk every object of the resource.
-fn probe_selector(scope: &FieldSelector) -> FieldSelector {
-    let negated = scope
+/// average in a mass restart of hollow nodes, 0.2 KB with this selector),
+/// and a probe of an unscoped one 1 to 3 KB (docs/performance.md, section
+/// (k)). A consistent list is served from the watch cache on every
+/// version this proxy supports (`ConsistentListFromCache`, GA and locked
+/// in 1.34), and reads the one key or what the index picks.
+fn probe_selector(scope: &FieldSelector, namespaced: bool) -> FieldSelector {
+    let pinned: Vec<FieldRequirement> = scope
         .terms()
         .iter()
         .filter(|t| !t.not_equals)
-        .map(|t| FieldRequirement {
+        .cloned()
+        .collect();
+    let mut terms = scope.terms().to_vec();
+    if pinned.is_empty() {
+        let term = |field: &str, not_equals: bool, value: &str| FieldRequirement {
+            field: field.into(),
+            not_equals,
+            value: value.into(),
+        };
+        if namespaced {
+            terms.push(term("metadata.namespace", false, PROBE_NAMESPACE));
+        }
+        terms.push(term("metadata.name", false, PROBE_NAME));
+        terms.push(term("metadata.name", true, PROBE_NAME));
+    } else {
+        terms.extend(pinned.into_iter().map(|t| FieldRequirement {
             not_equals: true,
-            ..t.clone()
-        });
-    FieldSelector::from_terms(scope.terms().iter().cloned().chain(negated).collect())
+            ..t
+        }));
+    }
+    FieldSelector::from_terms(terms)
 }
+
+/// The one name an unscoped cache's probe reads ([`probe_selector`]); it
+/// need not exist.
+const PROBE_NAME: &str = "kube-cache-proxy-probe";
+
+/// The namespace of a namespaced unscoped cache's probe: one every cluster
+/// has (any valid name would do: `Store.ListPredicate` checks only that).
+const PROBE_NAMESPACE: &str = "default";
 
 /// What a probe accepts: the list's metadata, with its one item's metadata
 /// alone (`PartialObjectMetadataList`, as client-go's metadata client
@@ -916,7 +947,7 @@ pub fn probe_rv(
     info: &ResourceInfo,
 ) -> BoxFuture<'static, Result<u64, ProbeError>> {
     let mut q = format!("{}?limit=1", info.collection_path());
-    let selector = probe_selector(&info.scope);
+    let selector = probe_selector(&info.scope, info.namespaced);
     if !selector.is_empty() {
         q.push_str("&fieldSelector=");
         q.push_str(
@@ -1003,25 +1034,53 @@ mod tests {
     /// index and the Node authorizer read those) and selects nothing.
     #[test]
     fn probe_selectors_keep_the_scope_and_select_nothing() {
-        let probe = |scope: &str| probe_selector(&FieldSelector::parse(scope).unwrap()).to_string();
-        assert_eq!(probe(""), "");
+        let probe = |scope: &str, namespaced: bool| {
+            probe_selector(&FieldSelector::parse(scope).unwrap(), namespaced).to_string()
+        };
         assert_eq!(
-            probe("spec.nodeName=n1"),
+            probe("spec.nodeName=n1", true),
             "spec.nodeName!=n1,spec.nodeName=n1"
         );
         assert_eq!(
-            probe("metadata.name=n\\,1"),
+            probe("metadata.name=n\\,1", false),
             "metadata.name!=n\\,1,metadata.name=n\\,1"
         );
         assert_eq!(
-            probe("status.phase!=Failed,spec.nodeName=n1"),
+            probe("status.phase!=Failed,spec.nodeName=n1", true),
             "spec.nodeName!=n1,spec.nodeName=n1,status.phase!=Failed"
         );
-        let selector = probe_selector(&FieldSelector::parse("spec.nodeName=n1").unwrap());
+        let selector = probe_selector(&FieldSelector::parse("spec.nodeName=n1").unwrap(), true);
         assert_eq!(selector.requires_exact_match("spec.nodeName"), Some("n1"));
         for node in ["n1", "n2", ""] {
             let fields = vec![("spec.nodeName".to_string(), node.to_string())];
             assert!(!selector.matches(&fields), "{node}");
+        }
+        // Unscoped: the one key `P` (in `default`, for a namespaced
+        // resource), which it then excludes.
+        assert_eq!(
+            probe("", false),
+            "metadata.name!=kube-cache-proxy-probe,metadata.name=kube-cache-proxy-probe"
+        );
+        assert_eq!(
+            probe("status.phase!=Failed", true),
+            "metadata.name!=kube-cache-proxy-probe,metadata.name=kube-cache-proxy-probe,\
+             metadata.namespace=default,status.phase!=Failed"
+        );
+        let selector = probe_selector(&FieldSelector::default(), true);
+        assert_eq!(
+            selector.requires_exact_match("metadata.name"),
+            Some(PROBE_NAME)
+        );
+        assert_eq!(
+            selector.requires_exact_match("metadata.namespace"),
+            Some("default")
+        );
+        for (namespace, name) in [("default", PROBE_NAME), ("default", "x"), ("x", PROBE_NAME)] {
+            let fields = vec![
+                ("metadata.name".to_string(), name.to_string()),
+                ("metadata.namespace".to_string(), namespace.to_string()),
+            ];
+            assert!(!selector.matches(&fields), "{namespace}/{name}");
         }
     }
 

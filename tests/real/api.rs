@@ -158,6 +158,10 @@ async fn lists_and_gets_match_the_apiserver() {
         "/api/v1/nodes/diff-node-b?resourceVersion=0".into(),
         format!("/api/v1/namespaces/{ns}"),
         "/api/v1/namespaces?fieldSelector=metadata.name%3Ddiff-lists".into(),
+        // Across namespaces, one name: a list (a 404 for a name in the
+        // path). A name no test uses, so that other tests' writes cannot
+        // land between the two reads.
+        "/api/v1/configmaps?fieldSelector=metadata.name%3Ddiff-lists-nowhere".into(),
     ]);
     let before = served_from_cache(&env, "configmaps").await;
     for p in &paths {

@@ -267,8 +267,19 @@ async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
         let r = node.get(&path).await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
     }
+    // Consistent lists of unscoped caches, namespaced or not: their probes
+    // pin one name (in `default`, for a namespaced resource) and exclude
+    // it, which the apiserver must accept and the proxy's identity be
+    // allowed.
+    for path in [
+        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+    ] {
+        let r = agent.get(path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
     let (_, metrics) = proxy.admin_get("/metrics").await.unwrap();
-    for resource in ["pods", "nodes"] {
+    for resource in ["pods", "nodes", "services", "endpointslices"] {
         let probes = |result: &str| {
             metric_sum(
                 &metrics,

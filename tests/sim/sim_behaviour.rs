@@ -1094,6 +1094,16 @@ async fn custom_resources_and_discovery() {
         "Widget"
     );
     assert_eq!(admin.get("/api/v1/namespaces/ns/nodes").await.status, 404);
+    // A namespaced name: in the path, only with its namespace; in a list's
+    // or watch's field selector, across namespaces (as kube-apiserver:
+    // tests/real/api.rs lists one such name side by side with it).
+    assert_eq!(admin.get("/api/v1/configmaps/x").await.status, 404);
+    assert_eq!(admin.get("/api/v1/watch/configmaps/x").await.status, 404);
+    let list = admin
+        .get("/api/v1/configmaps?fieldSelector=metadata.name%3Dx%2Cmetadata.namespace%3Ddefault")
+        .await;
+    assert_eq!(list.status, 200, "{}", list.text());
+    assert_eq!(list.json()["items"], json!([]));
 }
 
 #[tokio::test]

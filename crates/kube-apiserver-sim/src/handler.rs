@@ -184,7 +184,15 @@ async fn resource(ctx: &Ctx, req: Request<Incoming>) -> Response<Body> {
     } else {
         return respond::status(Status::path_not_found());
     };
-    if spec.namespaced && namespace.is_empty() && !info.name.is_empty() {
+    // A namespaced object's name in the path needs its namespace there
+    // too (no route matches otherwise); a list's or a watch's name, which
+    // a `metadata.name` field selector pins, selects across namespaces.
+    let name_in_path = match info.verb.as_str() {
+        "list" => false,
+        "watch" => info.legacy_watch_path,
+        _ => true,
+    };
+    if spec.namespaced && namespace.is_empty() && name_in_path && !info.name.is_empty() {
         return respond::status(Status::path_not_found());
     }
     let writes = matches!(
