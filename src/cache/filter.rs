@@ -73,6 +73,25 @@ impl Filter {
         }
     }
 
+    /// The storage key of the one object a list reads, as kube-apiserver's
+    /// registry does (`Store.ListPredicate`: a `metadata.name` term makes
+    /// a single-key read, `MatchesSingle`, when a key can be made of it: a
+    /// name valid as a path segment, `NamespaceKeyFunc`, and, for a
+    /// namespaced resource, a namespace from the path or a
+    /// `metadata.namespace` term, `MatchesSingleNamespace`). Such a list
+    /// holds at most that object and never a continue token, however many
+    /// objects follow it.
+    pub fn single_key(&self, namespaced: bool) -> Option<String> {
+        let (namespace, name) = self.single_object(namespaced)?;
+        if !apimachinery::request::valid_path_segment_name(name) {
+            return None;
+        }
+        Some(match namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.to_string(),
+        })
+    }
+
     /// The index to file a watcher under. `node_indexed`: the resource is
     /// indexed by `spec.nodeName` (pods).
     pub fn index_key(&self, node_indexed: bool, namespaced: bool) -> IndexKey {
@@ -132,6 +151,29 @@ mod tests {
             let f = filter(None, &format!("metadata.namespace={ns},metadata.name=cm"));
             assert_eq!(f.single_object(true), None, "{ns}");
         }
+    }
+
+    #[test]
+    fn single_keys_are_what_the_apiserver_reads_alone() {
+        assert_eq!(
+            filter(Some("ns"), "metadata.name=cm").single_key(true),
+            Some("ns/cm".into())
+        );
+        assert_eq!(
+            filter(
+                None,
+                "metadata.namespace=ns,metadata.name=cm,metadata.name!=cm"
+            )
+            .single_key(true),
+            Some("ns/cm".into())
+        );
+        assert_eq!(
+            filter(None, "metadata.name=n1").single_key(false),
+            Some("n1".into())
+        );
+        assert_eq!(filter(None, "metadata.name=cm").single_key(true), None);
+        assert_eq!(filter(None, "metadata.name=a%b").single_key(false), None);
+        assert_eq!(filter(None, "metadata.name=..").single_key(false), None);
     }
 
     fn filter(ns: Option<&str>, fields: &str) -> Filter {

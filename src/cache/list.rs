@@ -121,6 +121,22 @@ pub fn select(
     page
 }
 
+/// The page of a list that reads one key (`Filter::single_key`): that
+/// object if it exists, lies in the scope of `prefix` and is selected; no
+/// continue token or remaining count, as kube-apiserver's single-key read
+/// gives none. Walks nothing.
+pub fn select_one(objects: &Objects, filter: &Filter, prefix: &str, key: &str) -> Page {
+    Page {
+        items: objects
+            .get(key)
+            .filter(|o| key.starts_with(prefix) && filter.matches(o))
+            .cloned()
+            .into_iter()
+            .collect(),
+        ..Page::default()
+    }
+}
+
 /// The smallest key greater than every key with `prefix`, or `None` when
 /// the prefix is empty.
 pub(crate) fn upper_bound(prefix: &str) -> Option<String> {

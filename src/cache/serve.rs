@@ -679,7 +679,10 @@ async fn serve_list(
         let s = cache.lock();
         (s.objects().clone(), s.rv())
     };
-    let page = list::select(&objects, &filter, &prefix, None, limit, rv);
+    let page = match filter.single_key(cache.info().namespaced) {
+        Some(key) => list::select_one(&objects, &filter, &prefix, &key),
+        None => list::select(&objects, &filter, &prefix, None, limit, rv),
+    };
     list_answer(cache, page, rv, neg)
 }
 
@@ -721,7 +724,12 @@ async fn exact_list(
     let Some(objects) = cache.snapshot_at(rv) else {
         return Answer::PassThrough(OLDER_THAN_THE_CACHE);
     };
-    let page = list::select(&objects, filter, prefix, start, limit, rv);
+    // A continued list walks on from its token, as the apiserver's does
+    // (`MatchesSingle` is false with a continue token).
+    let page = match filter.single_key(cache.info().namespaced) {
+        Some(key) if start.is_none() => list::select_one(&objects, filter, prefix, &key),
+        _ => list::select(&objects, filter, prefix, start, limit, rv),
+    };
     list_answer(cache, page, rv, neg)
 }
 

@@ -119,6 +119,9 @@ async fn lists_and_gets_match_the_apiserver() {
         "?fieldSelector=metadata.name%21%3Dcm-1",
         &format!("?fieldSelector=metadata.namespace%3D{ns}"),
         "?fieldSelector=metadata.name%3Dcm-1&labelSelector=app%3Db",
+        // One key read (no continue token, though more objects follow).
+        "?limit=1&fieldSelector=metadata.name%3Dcm-0",
+        &format!("?limit=1&fieldSelector=metadata.name%3Dcm-0&resourceVersion={rv}"),
         // Errors.
         "?labelSelector=app%3D%3D%3Da",
         "?labelSelector=app+in+a",

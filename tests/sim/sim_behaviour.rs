@@ -894,6 +894,23 @@ async fn pagination_follows_storage_key_order() {
         .json();
     assert_eq!(names(&any).len(), 4);
     assert!(any["metadata"].get("continue").is_none());
+    // A list pinning one name reads that one key: no continue token,
+    // though items follow (kube-apiserver alike: tests/real/api.rs).
+    for path in [
+        "/api/v1/namespaces/a/configmaps?limit=1&fieldSelector=metadata.name%3Da",
+        "/api/v1/configmaps?limit=1&fieldSelector=metadata.name%3Da%2Cmetadata.namespace%3Da",
+    ] {
+        let one = admin.get(path).await.json();
+        assert_eq!(names(&one), ["a/a"], "{path}");
+        assert!(one["metadata"].get("continue").is_none(), "{path}");
+    }
+    // Without a namespace, a namespaced name is no key: the list walks.
+    let walk = admin
+        .get("/api/v1/configmaps?limit=1&fieldSelector=metadata.name%3Da")
+        .await
+        .json();
+    assert_eq!(names(&walk), ["a/a"]);
+    assert!(walk["metadata"]["continue"].is_string());
 }
 
 #[tokio::test]

@@ -101,8 +101,16 @@ async fn run(
         }
     };
 
+    // A list pinning one name reads that one key: at most one item, no
+    // continue token (without a continue token of its own; with one,
+    // `MatchesSingle` is false and the list walks on).
+    let single = start.as_ref().map_or_else(|| sel.single_key(), |_| None);
+    let items = match &single {
+        Some(key) => items.into_iter().filter(|(k, _)| k == key).collect(),
+        None => items,
+    };
     // computeListLimit: the limit is ignored for resourceVersion=0.
-    let limit = if opts.limit <= 0 || opts.resource_version == "0" {
+    let limit = if single.is_some() || opts.limit <= 0 || opts.resource_version == "0" {
         0
     } else {
         usize::try_from(opts.limit).unwrap_or(usize::MAX)

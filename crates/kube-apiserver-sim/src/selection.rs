@@ -75,6 +75,38 @@ impl Selection {
         self.labels.is_empty() && self.fields.is_empty()
     }
 
+    /// The one storage key a list reads when its field selector pins a
+    /// name (registry `Store.ListPredicate`, `MatchesSingle`): the name
+    /// must be a valid path segment, and a namespaced resource's namespace
+    /// come from the path or a `metadata.namespace` term
+    /// (`MatchesSingleNamespace`, a valid namespace name).
+    pub fn single_key(&self) -> Option<String> {
+        let name = self.fields.requires_exact_match("metadata.name")?;
+        if !apimachinery::request::valid_path_segment_name(name) {
+            return None;
+        }
+        if !self.spec.namespaced {
+            return Some(name.to_string());
+        }
+        let namespace = if self.namespace.is_empty() {
+            let ns = self.fields.requires_exact_match("metadata.namespace")?;
+            let label = !ns.is_empty()
+                && ns.len() <= 63
+                && ns
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                && !ns.starts_with('-')
+                && !ns.ends_with('-');
+            if !label {
+                return None;
+            }
+            ns
+        } else {
+            self.namespace.as_str()
+        };
+        Some(super::object::storage_key(&self.spec, namespace, name))
+    }
+
     /// The storage key relative to the list's prefix, as continue tokens
     /// carry it.
     pub fn relative_key<'a>(&self, key: &'a str) -> &'a str {
