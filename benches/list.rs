@@ -8,6 +8,9 @@
 //! transcoded from their JSON but for the few versions kept (5 % of the
 //! JSON's bytes), as when a proxy lists its pods again.
 //!
+//! `select_in/field_nodeName`: the kubelet's list walking only its node's
+//! keys, from the `spec.nodeName` index.
+//!
 //! `cargo bench --bench list`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -25,7 +28,7 @@ use kube_cache_proxy::cache::list;
 use kube_cache_proxy::cache::negotiate::Representation;
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::resource::ResourceInfo;
-use kube_cache_proxy::cache::store::Objects;
+use kube_cache_proxy::cache::store::{Keys, Objects};
 use prometheus::{IntCounter, IntGauge};
 
 #[path = "../crates/kcp-load/src/fixtures.rs"]
@@ -165,6 +168,19 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    // One node's pods walked from the `spec.nodeName` index
+    // (`State::candidates`), as a list of them is now, against the walk of
+    // every pod above (`select/field_nodeName`).
+    let (_, on_node) = &filters[2];
+    let node = fixtures::node(3);
+    let keys: Keys = objects
+        .iter()
+        .filter(|(_, o)| o.field("spec.nodeName") == Some(node.as_str()))
+        .map(|(k, _)| k.clone())
+        .collect();
+    g.bench_function(BenchmarkId::new("select_in", "field_nodeName"), |b| {
+        b.iter(|| list::select_in(black_box(&objects), &keys, on_node, "", None, 0, RV))
+    });
     g.finish();
 
     let info = protobuf_info(json_bytes);

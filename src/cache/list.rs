@@ -27,7 +27,7 @@ use super::filter::Filter;
 use super::negotiate::{Encoding, MetaVersion, Representation};
 use super::object::CachedObject;
 use super::resource::ResourceInfo;
-use super::store::Objects;
+use super::store::{Keys, Objects};
 
 /// Bytes per body frame: large enough to amortize framing, small enough to
 /// keep a large list from sitting whole in memory.
@@ -114,6 +114,55 @@ pub fn select(
             }
         }
     }
+    if has_more && let Some(last) = page.items.last() {
+        let relative = last.key().get(prefix.len()..).unwrap_or(last.key());
+        page.continue_token = Some(continue_token::encode(rv, relative));
+    }
+    page
+}
+
+/// [`select`], walking only `candidates` (the keys under the index the
+/// filter pins: `State::candidates`) instead of every object of the scope,
+/// with the same page: the same items, and a continue token when a full
+/// page is followed by any object of the scope, selected or not, as the
+/// walk gives it (and kube-apiserver's cache, which lists a node's pods
+/// from its `spec.nodeName` index).
+pub fn select_in(
+    objects: &Objects,
+    candidates: &Keys,
+    filter: &Filter,
+    prefix: &str,
+    start: Option<&str>,
+    limit: i64,
+    rv: u64,
+) -> Page {
+    let lower = format!("{prefix}{}", start.unwrap_or(""));
+    let upper = upper_bound(prefix);
+    let upper = || match &upper {
+        Some(u) => Bound::Excluded(u.as_str()),
+        None => Bound::Unbounded,
+    };
+    let limit = usize::try_from(limit).unwrap_or(0);
+    let mut page = Page::default();
+    let mut full_at = None;
+    for key in candidates.range::<_, str>((Bound::Included(lower.as_str()), upper())) {
+        let Some(o) = objects.get(key) else {
+            continue;
+        };
+        if filter.matches(o) {
+            page.items.push(o.clone());
+            if limit > 0 && page.items.len() >= limit {
+                full_at = Some(key);
+                break;
+            }
+        }
+    }
+    let has_more = full_at.is_some_and(|key| {
+        objects
+            .range::<_, str>((Bound::Excluded(&**key), upper()))
+            .next()
+            .is_some()
+    });
     if has_more && let Some(last) = page.items.last() {
         let relative = last.key().get(prefix.len()..).unwrap_or(last.key());
         page.continue_token = Some(continue_token::encode(rv, relative));
@@ -648,6 +697,79 @@ mod tests {
 
     fn names(p: &Page) -> Vec<String> {
         p.items.iter().map(|o| o.key().to_string()).collect()
+    }
+
+    /// Walking a node's keys gives the page walking every object gives:
+    /// the same items and the same continue token, for every limit, start
+    /// and scope, with selections matching some, all or none of them.
+    #[test]
+    fn a_list_walking_the_node_index_pages_as_walking_everything() {
+        let pod = |ns: &str, name: &str, node: &str, app: &str| {
+            let json = format!(
+                r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"{ns}","resourceVersion":"1","labels":{{"app":"{app}"}}}},"spec":{{"nodeName":"{node}"}}}}"#
+            );
+            let o =
+                Arc::new(CachedObject::from_json(json.as_bytes(), FieldSet::Pod, true).unwrap());
+            (o.key_arc().clone(), o)
+        };
+        let mut all = Vec::new();
+        for (i, ns) in ["a", "a-b", "b"].iter().enumerate() {
+            for j in 0..7 {
+                let node = ["n1", "n2", ""][(i + j) % 3];
+                let app = if j % 2 == 0 { "x" } else { "y" };
+                all.push(pod(ns, &format!("p{j}"), node, app));
+            }
+        }
+        let objects: Objects = all.into_iter().collect();
+        for node in ["n1", "n2", "", "n9"] {
+            let candidates: Keys = objects
+                .iter()
+                .filter(|(_, o)| o.field("spec.nodeName") == Some(node))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for fields in [
+                format!("spec.nodeName={node}"),
+                format!("spec.nodeName={node},spec.nodeName!={node}"),
+                format!("spec.nodeName={node},metadata.name!=p3"),
+            ] {
+                for labels in ["", "app=x"] {
+                    for namespace in [None, Some("a"), Some("b")] {
+                        let filter = Filter {
+                            namespace: namespace.map(str::to_string),
+                            labels: LabelSelector::parse(labels).unwrap(),
+                            fields: apimachinery::selector::FieldSelector::parse(&fields).unwrap(),
+                        };
+                        let prefix = scope_prefix(namespace);
+                        for limit in [0, 1, 2, 3, 100] {
+                            let mut start: Option<String> = None;
+                            loop {
+                                let case =
+                                    format!("{fields} {labels} {namespace:?} {limit} {start:?}");
+                                let walked =
+                                    select(&objects, &filter, &prefix, start.as_deref(), limit, 9);
+                                let indexed = select_in(
+                                    &objects,
+                                    &candidates,
+                                    &filter,
+                                    &prefix,
+                                    start.as_deref(),
+                                    limit,
+                                    9,
+                                );
+                                assert_eq!(names(&walked), names(&indexed), "{case}");
+                                assert_eq!(walked.continue_token, indexed.continue_token, "{case}");
+                                match walked.continue_token {
+                                    Some(t) => {
+                                        start = Some(continue_token::decode(&t).unwrap().start)
+                                    }
+                                    None => break,
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

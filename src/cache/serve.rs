@@ -675,13 +675,16 @@ async fn serve_list(
     }
     // The apiserver's cache ignores `limit` for RV "0".
     let limit = if parsed == Some(0) { 0 } else { opts.limit };
-    let (objects, rv) = {
+    let single = filter.single_key(cache.info().namespaced);
+    let (objects, candidates, rv) = {
         let s = cache.lock();
-        (s.objects().clone(), s.rv())
+        let candidates = single.is_none().then(|| s.candidates(&filter)).flatten();
+        (s.objects().clone(), candidates, s.rv())
     };
-    let page = match filter.single_key(cache.info().namespaced) {
-        Some(key) => list::select_one(&objects, &filter, &prefix, &key),
-        None => list::select(&objects, &filter, &prefix, None, limit, rv),
+    let page = match (single, candidates) {
+        (Some(key), _) => list::select_one(&objects, &filter, &prefix, &key),
+        (None, Some(keys)) => list::select_in(&objects, &keys, &filter, &prefix, None, limit, rv),
+        (None, None) => list::select(&objects, &filter, &prefix, None, limit, rv),
     };
     list_answer(cache, page, rv, neg)
 }

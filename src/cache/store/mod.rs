@@ -22,7 +22,7 @@ mod pack;
 mod state;
 mod watchers;
 
-pub use state::{Objects, Registration, Settings, Start, State, TooOld};
+pub use state::{Keys, Objects, Registration, Settings, Start, State, TooOld};
 pub use watchers::{CatchUp, CloseReason, Delivery, Outcome, WatcherLink};
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use imbl::OrdMap;
+use imbl::{OrdMap, OrdSet};
 use prometheus::IntGauge;
 use tokio::sync::mpsc;
 
@@ -21,6 +21,17 @@ use super::watchers::{CatchUp, Delivery, Outcome, WatcherLink, Watchers};
 
 /// The objects of a resource, by storage key, in the apiserver's order.
 pub type Objects = OrdMap<Arc<str>, Arc<CachedObject>>;
+
+/// The storage keys of some of a resource's objects, in the apiserver's
+/// order.
+pub type Keys = OrdSet<Arc<str>>;
+
+/// The keys of a pod cache's objects by `spec.nodeName` (`""`: not yet
+/// scheduled), the index kube-apiserver's watch cache keeps for pods
+/// (`pkg/registry/core/pod/storage`, `NodeNameTriggerFunc` and the
+/// `spec.nodeName` indexer) and lists a node's pods from. Cheap to clone,
+/// like [`Objects`], so a list reads it outside the lock.
+type NodeIndex = OrdMap<Arc<str>, Keys>;
 
 /// How a store behaves.
 #[derive(Debug, Clone)]
@@ -87,6 +98,8 @@ pub struct TooOld {
 pub struct State {
     settings: Settings,
     objects: Objects,
+    /// `Some` when `settings.node_indexed`.
+    by_node: Option<NodeIndex>,
     rv: u64,
     history: VecDeque<Arc<Event>>,
     /// When each history event was applied (same length as `history`).
@@ -127,6 +140,7 @@ impl State {
     /// An empty, unsynced store.
     pub fn new(settings: Settings) -> State {
         State {
+            by_node: settings.node_indexed.then(NodeIndex::new),
             settings,
             objects: Objects::new(),
             rv: 0,
@@ -161,6 +175,81 @@ impl State {
     /// The current objects (a cheap, immutable snapshot when cloned).
     pub fn objects(&self) -> &Objects {
         &self.objects
+    }
+
+    /// The keys of the current objects a selection can match, when it pins
+    /// an index (a pod cache's `spec.nodeName`): a superset of its matches,
+    /// to walk instead of every object. `None`: walk them all.
+    pub fn candidates(&self, filter: &Filter) -> Option<Keys> {
+        let index = self.by_node.as_ref()?;
+        let node = filter.fields.requires_exact_match("spec.nodeName")?;
+        Some(index.get(node).cloned().unwrap_or_default())
+    }
+
+    /// The current objects a selection can match: all of them, or those
+    /// under the index it pins ([`State::candidates`]), for a watch's
+    /// initial events.
+    fn narrowed(&self, filter: &Filter) -> Objects {
+        match self.candidates(filter) {
+            None => self.objects.clone(),
+            Some(keys) => keys
+                .iter()
+                .filter_map(|k| self.objects.get(k).map(|o| (k.clone(), o.clone())))
+                .collect(),
+        }
+    }
+
+    /// Sets the current objects, wholesale (a first list, or a reset), and
+    /// rebuilds the index.
+    fn set_objects(&mut self, fresh: Objects) {
+        self.objects = fresh;
+        if self.by_node.is_some() {
+            let mut index = NodeIndex::new();
+            for (key, o) in &self.objects {
+                if let Some(node) = o.field("spec.nodeName") {
+                    index
+                        .entry(Arc::from(node))
+                        .or_default()
+                        .insert(key.clone());
+                }
+            }
+            self.by_node = Some(index);
+        }
+    }
+
+    /// Moves `key` in the index from `prev`'s node to `next`'s.
+    fn reindex(
+        &mut self,
+        key: &Arc<str>,
+        prev: Option<&CachedObject>,
+        next: Option<&CachedObject>,
+    ) {
+        let Some(index) = &mut self.by_node else {
+            return;
+        };
+        let before = prev.and_then(|o| o.field("spec.nodeName"));
+        let after = next.and_then(|o| o.field("spec.nodeName"));
+        if before == after {
+            return;
+        }
+        if let Some(node) = before
+            && let Some(keys) = index.get_mut(node)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                index.remove(node);
+            }
+        }
+        if let Some(node) = after {
+            match index.get_mut(node) {
+                Some(keys) => {
+                    keys.insert(key.clone());
+                }
+                None => {
+                    index.insert(Arc::from(node), OrdSet::unit(key.clone()));
+                }
+            }
+        }
     }
 
     /// How the store behaves.
@@ -273,9 +362,11 @@ impl State {
         match event.kind {
             EventType::Deleted => {
                 self.objects.remove(&key);
+                self.reindex(&key, event.prev.as_deref(), None);
             }
             EventType::Added | EventType::Modified => {
                 self.bytes += event.object.heap_size();
+                self.reindex(&key, event.prev.as_deref(), Some(&event.object));
                 self.objects.insert(key, event.object.clone());
             }
         }
@@ -378,7 +469,7 @@ impl State {
         }
         if !self.synced {
             self.bytes = fresh.values().map(|o| o.heap_size()).sum();
-            self.objects = fresh;
+            self.set_objects(fresh);
             self.rv = list_rv;
             self.floor = list_rv;
             self.synced = true;
@@ -419,7 +510,7 @@ impl State {
                 self.packs.clear();
                 self.watchers.reset(&mut outcome);
                 self.bytes = fresh.values().map(|o| o.heap_size()).sum();
-                self.objects = fresh;
+                self.set_objects(fresh);
                 let retained: usize = self.history.iter().map(|e| e.retained_size()).sum();
                 self.account(-(retained as i64));
                 self.history.clear();
@@ -588,7 +679,7 @@ impl State {
                 let from = self.history.partition_point(|e| e.rv <= rv);
                 (self.history.range(from..).cloned().collect(), None, rv)
             }
-            Start::Snapshot => (Vec::new(), Some((self.objects.clone(), self.rv)), self.rv),
+            Start::Snapshot => (Vec::new(), Some((self.narrowed(&filter), self.rv)), self.rv),
             Start::Given(objects, rv) => {
                 if rv < self.floor || self.in_skipped(rv) {
                     return Err(self.too_old(rv));

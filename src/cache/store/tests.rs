@@ -668,3 +668,61 @@ fn under_churn_the_chunks_are_as_many_as_the_current_objects_need() {
         n
     );
 }
+
+/// The `spec.nodeName` index follows every change of the objects (a pod
+/// bound, moved, deleted; a relist; a reset), so lists and a watch's
+/// initial events read a node's pods from it.
+#[test]
+fn the_node_index_follows_the_objects() {
+    let keys = |s: &State, node: &str| -> Vec<String> {
+        s.candidates(&on_node(node))
+            .unwrap()
+            .iter()
+            .map(|k| k.to_string())
+            .collect()
+    };
+    let mut s = synced(100, 10);
+    assert_eq!(keys(&s, "n1"), ["ns/a"]);
+    assert_eq!(keys(&s, "n2"), ["ns/b"]);
+    assert!(keys(&s, "n3").is_empty());
+    // Unindexed selections walk everything.
+    assert!(s.candidates(&all()).is_none());
+    let now = Instant::now();
+    s.apply(EventType::Added, pod("c", 11, "", "x"), now);
+    assert_eq!(keys(&s, ""), ["ns/c"]);
+    // Bound to n1, then moved (a Pod's node never changes once set; the
+    // index does not rely on it).
+    s.apply(EventType::Modified, pod("c", 12, "n1", "x"), now);
+    assert!(keys(&s, "").is_empty());
+    assert_eq!(keys(&s, "n1"), ["ns/a", "ns/c"]);
+    s.apply(EventType::Modified, pod("a", 13, "n2", "y"), now);
+    assert_eq!(keys(&s, "n1"), ["ns/c"]);
+    assert_eq!(keys(&s, "n2"), ["ns/a", "ns/b"]);
+    s.apply(EventType::Deleted, pod("b", 14, "n2", "x"), now);
+    assert_eq!(keys(&s, "n2"), ["ns/a"]);
+    // A watch's initial state is the node's pods alone.
+    let r = s.register(on_node("n2"), Start::Snapshot).unwrap();
+    let (objects, _) = r.snapshot.unwrap();
+    assert_eq!(
+        objects.keys().map(|k| k.to_string()).collect::<Vec<_>>(),
+        ["ns/a"]
+    );
+    // A relist's difference enters as events.
+    s.replace(
+        vec![pod("a", 13, "n2", "y"), pod("d", 15, "n1", "x")],
+        16,
+        now,
+    );
+    assert_eq!(keys(&s, "n1"), ["ns/d"]);
+    assert_eq!(keys(&s, "n2"), ["ns/a"]);
+    // A reset (a list below the cache's RV) rebuilds it.
+    s.replace(vec![pod("e", 3, "n3", "x")], 4, now);
+    assert!(keys(&s, "n1").is_empty() && keys(&s, "n2").is_empty());
+    assert_eq!(keys(&s, "n3"), ["ns/e"]);
+    // Resources that are not pods keep no index.
+    let unindexed = State::new(Settings {
+        node_indexed: false,
+        ..settings(10, 10)
+    });
+    assert!(unindexed.candidates(&on_node("n1")).is_none());
+}
