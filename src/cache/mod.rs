@@ -35,7 +35,7 @@ use apimachinery::resource::{FieldSet, Gvr, built_in, is_built_in_group};
 
 use self::metrics::CacheMetrics;
 use self::reflector::Reflector;
-use self::resource::{ReadSettings, ResourceCache, ResourceInfo};
+use self::resource::{ReadSettings, ResourceCache, ResourceInfo, Siblings};
 use self::store::Settings;
 
 /// Every configured resource's cache, by group, version and resource.
@@ -146,6 +146,7 @@ impl Caches {
                 Arc::new(cache),
             );
         }
+        Siblings::join(by_gvr.values());
         Ok(Caches { by_gvr })
     }
 

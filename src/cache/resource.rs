@@ -4,8 +4,8 @@
 //! upstream probe behind consistent reads.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -187,7 +187,36 @@ pub struct ResourceCache {
     /// Watches served from the cache now, by the user they act as (for
     /// the operator's view; an entry leaves with its last watch).
     watchers_by_user: Mutex<HashMap<String, usize>>,
+    /// The other caches of this proxy ([`ResourceCache::join`]).
+    siblings: OnceLock<Arc<Siblings>>,
     pub metrics: ResourceMetrics,
+}
+
+/// The caches of one proxy, which all read one cluster, so one etcd and
+/// one revision: when one of them finds upstream's history went back
+/// ([`ResourceCache::rewound`]), every other is suspect too.
+#[derive(Debug, Default)]
+pub struct Siblings(Vec<Weak<ResourceCache>>);
+
+impl Siblings {
+    /// Makes `caches` siblings of one another.
+    pub fn join<'a>(caches: impl IntoIterator<Item = &'a Arc<ResourceCache>>) {
+        let caches: Vec<&Arc<ResourceCache>> = caches.into_iter().collect();
+        let siblings = Arc::new(Siblings(caches.iter().map(|c| Arc::downgrade(c)).collect()));
+        for c in caches {
+            let _ = c.siblings.set(siblings.clone());
+        }
+    }
+
+    /// Tells every cache but `from` that `from` found upstream's history
+    /// went back at `revealed_at`.
+    fn rewound(&self, from: &ResourceCache, revealed_at: Instant) {
+        for sibling in self.0.iter().filter_map(Weak::upgrade) {
+            if !std::ptr::eq(Arc::as_ptr(&sibling), from) {
+                sibling.rewound_elsewhere(&from.info.gvr.resource, revealed_at);
+            }
+        }
+    }
 }
 
 /// Counts one watch of a user in [`ResourceCache::watchers_by_user`]
@@ -287,6 +316,7 @@ impl ResourceCache {
             frozen: watch::channel(false).0,
             times: Mutex::new(Times::default()),
             watchers_by_user: Mutex::new(HashMap::new()),
+            siblings: OnceLock::new(),
             metrics,
         }
     }
@@ -728,9 +758,33 @@ impl ResourceCache {
         }
         if !self.rewinding.swap(true, Ordering::AcqRel) {
             tracing::warn!(resource = %self.info.gvr.resource, upstream_rv, cache_rv, "upstream's current resourceVersion is below the cache's: its history went back (etcd restored from a backup without --bump-revision?); relisting");
+            if let Some(siblings) = self.siblings.get() {
+                siblings.rewound(self, Instant::now());
+            }
         }
         self.relist_wanted.notify_one();
         true
+    }
+
+    /// Another cache of this proxy (`by`) found upstream's history went
+    /// back at `revealed_at`. This one may hold versions of the lost
+    /// history at resourceVersions the new history has passed since, which
+    /// no probe of its own can tell (its resourceVersion is below
+    /// upstream's again), and a watch resumed there is accepted, so it
+    /// would serve a world that never existed until a consistency check
+    /// (docs/reliability.md, finding 11). Unless it has listed since, it
+    /// relists: an object whose listed version is older than the cached
+    /// one resets the cache, and watches from its older resourceVersions
+    /// get `410 Gone`, as after a heal.
+    fn rewound_elsewhere(&self, by: &str, revealed_at: Instant) {
+        if !self.is_synced() || self.times.lock().listed.is_some_and(|t| t >= revealed_at) {
+            return;
+        }
+        if !self.rewinding.swap(true, Ordering::AcqRel) {
+            tracing::warn!(resource = %self.info.gvr.resource, by, "another cache found upstream's history went back (etcd restored from a backup without --bump-revision?); relisting");
+        }
+        self.healing.store(true, Ordering::Release);
+        self.relist_wanted.notify_one();
     }
 
     /// Watches from below this RV get `410` (see the field).

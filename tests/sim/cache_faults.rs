@@ -332,3 +332,79 @@ async fn reads_pass_through_while_upstream_refuses_the_caches_watch() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// etcd restored without `--bump-revision`, where one cache's
+/// resourceVersion lies in the history the restore lost and the new
+/// history has passed it by the time the proxy reconnects: no probe of
+/// that cache can tell (upstream is ahead of it again), and its resumed
+/// watch is accepted. Another cache, further ahead, finds upstream below
+/// it; every cache of the proxy then relists, and the first one serves
+/// the restored world too, not a version the new history never had
+/// (docs/reliability.md, finding 11: a tier replica served a Node's lost
+/// version until its consistency check, minutes later).
+#[tokio::test]
+async fn a_history_gone_back_found_by_one_cache_relists_every_cache() {
+    let env = env().await;
+    let admin = env.proxy(Identity::admin().auth(&env.sim));
+    let namespaces = Gvr {
+        group: String::new(),
+        version: "v1".into(),
+        resource: "namespaces".into(),
+    };
+    let ns = |label: &str| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "rewound", "labels": {"world": label}}});
+    let cached_label = |admin: &support::Client| {
+        let admin = admin.clone();
+        async move {
+            let r = admin
+                .get("/api/v1/namespaces/rewound?resourceVersion=0")
+                .await
+                .json();
+            r["metadata"]["labels"]["world"]
+                .as_str()
+                .map(str::to_string)
+        }
+    };
+    env.sim.create(&namespaces, ns("backup")).unwrap();
+    let backup = env.sim.backup();
+    // The lost history: the namespace changes once, then the configmaps
+    // move on well past it.
+    env.sim.update(&namespaces, ns("lost")).unwrap();
+    for i in 0..10 {
+        env.sim
+            .create(&cms(), cm(&format!("lost-{i}"), "x"))
+            .unwrap();
+    }
+    let list = "/api/v1/namespaces/f/configmaps?resourceVersion=0";
+    let deadline = Instant::now() + SOON;
+    while cached_label(&admin).await.as_deref() != Some("lost")
+        || names(&admin.get(list).await.json()).len() != 10
+    {
+        assert!(Instant::now() < deadline, "the lost history never cached");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Restored, every apiserver restarted; the new history passes the
+    // namespace cache's resourceVersion before the proxy reconnects, and
+    // stays below the configmap cache's.
+    env.sim.stop().await;
+    env.sim.restore(&backup);
+    for i in 0..3 {
+        env.sim
+            .create(&cms(), cm(&format!("new-{i}"), "x"))
+            .unwrap();
+    }
+    env.sim.restart().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = names(&admin.get(list).await.json());
+        let label = cached_label(&admin).await;
+        if listed == ["new-0", "new-1", "new-2"] && label.as_deref() == Some("backup") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the proxy serves {listed:?} and the namespace as {label:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -84,6 +84,7 @@ pub use config::SimConfig;
 pub use rbac::{Rule, Subject};
 pub use resources::ResourceSpec;
 pub use stats::{RequestRecord, Stats};
+pub use store::Backup;
 
 use apimachinery::pki::{self, Ca};
 use apimachinery::resource::Gvr;
@@ -301,6 +302,20 @@ impl Sim {
     /// than now get 410 Expired.
     pub fn compact(&self) {
         self.state.store.compact();
+    }
+
+    /// Every object now: an etcd backup, for [`Sim::restore`].
+    pub fn backup(&self) -> Backup {
+        self.state.store.backup()
+    }
+
+    /// Restores `backup` as etcd restored without `--bump-revision` with
+    /// every apiserver restarted: resourceVersions go back to the
+    /// backup's, and the next writes reuse those the lost history gave
+    /// (`Store::restore`). Call it while stopped ([`Sim::stop`]) for the
+    /// apiserver's restart.
+    pub fn restore(&self, backup: &Backup) {
+        self.state.store.restore(backup);
     }
 
     /// Closes the listener and every connection (the apiserver goes down).
