@@ -125,6 +125,8 @@ type Probe = Shared<BoxFuture<'static, Result<Probed, ProbeError>>>;
 struct Probed {
     upstream_rv: u64,
     cache_rv_at_send: u64,
+    /// When it was sent.
+    sent_at: Instant,
 }
 
 /// How long consistent lists pass straight through, unprobed, after a
@@ -151,6 +153,10 @@ pub struct ResourceCache {
     healing: AtomicBool,
     /// Whether the relist asked for follows upstream's history back.
     rewinding: AtomicBool,
+    /// A relist asked for by another cache's finding that upstream's
+    /// history went back has not landed yet (one at a time, however many
+    /// caches find it: [`ResourceCache::rewound_elsewhere`]).
+    rewind_relist: AtomicBool,
     /// After a healing relist that had to reset the cache: watches from
     /// below this RV get `410` (their clients relist from the healed
     /// cache) instead of passing through to an apiserver that would
@@ -297,6 +303,7 @@ impl ResourceCache {
             relist_wanted: Notify::new(),
             healing: AtomicBool::new(false),
             rewinding: AtomicBool::new(false),
+            rewind_relist: AtomicBool::new(false),
             expire_below: AtomicU64::new(0),
             bookmark_template: Mutex::new(None),
             behind_since: Mutex::new(None),
@@ -362,6 +369,7 @@ impl ResourceCache {
             let o = s.replace(items, list_rv, Instant::now());
             self.observe(&s, &o);
             self.times.lock().listed = Some(Instant::now());
+            self.rewind_relist.store(false, Ordering::Release);
             o
         };
         if self.healing.swap(false, Ordering::AcqRel) && outcome.closed_reset > 0 {
@@ -752,14 +760,17 @@ impl ResourceCache {
     /// it was sent, unless its history was replaced). The reflector is
     /// then asked to relist. (Not the cache's RV when the answer arrives:
     /// the watch may have carried it past the read's revision meanwhile.)
-    pub fn rewound(&self, upstream_rv: u64, cache_rv: u64) -> bool {
+    /// The other caches of the proxy that have not listed since the read
+    /// was sent (`sent_at`, after the restore) are asked too
+    /// ([`Siblings`]); one that has listed since holds the new history.
+    pub fn rewound(&self, upstream_rv: u64, cache_rv: u64, sent_at: Instant) -> bool {
         if !self.is_synced() || upstream_rv >= cache_rv {
             return false;
         }
         if !self.rewinding.swap(true, Ordering::AcqRel) {
             tracing::warn!(resource = %self.info.gvr.resource, upstream_rv, cache_rv, "upstream's current resourceVersion is below the cache's: its history went back (etcd restored from a backup without --bump-revision?); relisting");
             if let Some(siblings) = self.siblings.get() {
-                siblings.rewound(self, Instant::now());
+                siblings.rewound(self, sent_at);
             }
         }
         self.relist_wanted.notify_one();
@@ -777,7 +788,10 @@ impl ResourceCache {
     /// one resets the cache, and watches from its older resourceVersions
     /// get `410 Gone`, as after a heal.
     fn rewound_elsewhere(&self, by: &str, revealed_at: Instant) {
-        if !self.is_synced() || self.times.lock().listed.is_some_and(|t| t >= revealed_at) {
+        if !self.is_synced()
+            || self.times.lock().listed.is_some_and(|t| t >= revealed_at)
+            || self.rewind_relist.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         if !self.rewinding.swap(true, Ordering::AcqRel) {
@@ -824,6 +838,7 @@ impl ResourceCache {
                 // Read before the request is sent: `start_probe`'s future
                 // sends it when first polled.
                 let cache_rv_at_send = *cache_rv.borrow();
+                let sent_at = Instant::now();
                 let result = probe.await;
                 metrics.probe(match &result {
                     Ok(_) => "ok",
@@ -833,12 +848,13 @@ impl ResourceCache {
                 result.map(|upstream_rv| Probed {
                     upstream_rv,
                     cache_rv_at_send,
+                    sent_at,
                 })
             }
             .boxed()
         });
         let probed = probe.await?;
-        if self.rewound(probed.upstream_rv, probed.cache_rv_at_send) {
+        if self.rewound(probed.upstream_rv, probed.cache_rv_at_send, probed.sent_at) {
             return Err(ProbeError::Rewound);
         }
         Ok(probed.upstream_rv)

@@ -217,3 +217,44 @@ async fn wait_fresh_wakes_on_progress() {
             .await
     );
 }
+
+/// A cache that finds upstream's history went back asks every sibling that
+/// has not listed since the revealing read was sent to relist, once while
+/// its relist is pending, however many caches find it.
+#[tokio::test]
+async fn a_rewind_found_by_one_cache_relists_its_siblings_once() {
+    let caches: Vec<Arc<ResourceCache>> = (0..3).map(|_| Arc::new(test_cache())).collect();
+    Siblings::join(caches.iter());
+    for c in &caches {
+        c.replace(Vec::new(), 10);
+    }
+    let asked = |c: &Arc<ResourceCache>| {
+        let c = c.clone();
+        async move {
+            tokio::time::timeout(Duration::from_millis(100), c.relist_requested())
+                .await
+                .ok()
+        }
+    };
+    let sent_at = Instant::now();
+    // The third lists after the read was sent: it holds the new history.
+    caches[2].replace(Vec::new(), 12);
+    assert!(caches[0].rewound(5, 10, sent_at));
+    assert_eq!(asked(&caches[0]).await, Some("rewound"));
+    assert_eq!(asked(&caches[1]).await, Some("rewound"));
+    assert_eq!(asked(&caches[2]).await, None);
+    // Another cache's finding of the same restore, while the second's
+    // relist is pending: not asked again.
+    assert!(caches[2].rewound(5, 12, sent_at));
+    assert_eq!(asked(&caches[1]).await, None);
+    // Its relist landed: a later finding (a probe sent after it) asks
+    // again; an earlier one does not.
+    caches[1].replace(Vec::new(), 6);
+    caches[0].rewinding.store(false, Ordering::Release);
+    assert!(caches[0].rewound(5, 10, sent_at));
+    assert_eq!(asked(&caches[1]).await, None);
+    let later = Instant::now();
+    caches[0].rewinding.store(false, Ordering::Release);
+    assert!(caches[0].rewound(5, 10, later));
+    assert_eq!(asked(&caches[1]).await, Some("rewound"));
+}
