@@ -137,15 +137,20 @@ pub fn select_in(
     rv: u64,
 ) -> Page {
     let lower = format!("{prefix}{}", start.unwrap_or(""));
-    let upper = upper_bound(prefix);
-    let upper = || match &upper {
+    let upper_key = upper_bound(prefix);
+    let upper = || match &upper_key {
         Some(u) => Bound::Excluded(u.as_str()),
         None => Bound::Unbounded,
     };
     let limit = usize::try_from(limit).unwrap_or(0);
     let mut page = Page::default();
     let mut full_at = None;
-    for key in candidates.range::<_, str>((Bound::Included(lower.as_str()), upper())) {
+    let first = candidates.partition_point(|k| **k < *lower);
+    let below_upper = |k: &&Arc<str>| match &upper_key {
+        Some(u) => ***k < **u,
+        None => true,
+    };
+    for key in candidates[first..].iter().take_while(below_upper) {
         let Some(o) = objects.get(key) else {
             continue;
         };

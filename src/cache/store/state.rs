@@ -2,11 +2,11 @@
 //! events and bookmarks applied, a relist turned into events (or a reset),
 //! snapshots at older RVs, and where a new watcher starts.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use imbl::{OrdMap, OrdSet};
+use imbl::OrdMap;
 use prometheus::IntGauge;
 use tokio::sync::mpsc;
 
@@ -22,16 +22,18 @@ use super::watchers::{CatchUp, Delivery, Outcome, WatcherLink, Watchers};
 /// The objects of a resource, by storage key, in the apiserver's order.
 pub type Objects = OrdMap<Arc<str>, Arc<CachedObject>>;
 
-/// The storage keys of some of a resource's objects, in the apiserver's
-/// order.
-pub type Keys = OrdSet<Arc<str>>;
+/// The storage keys of some of a resource's objects, sorted (the
+/// apiserver's order).
+pub type Keys = Vec<Arc<str>>;
 
 /// The keys of a pod cache's objects by `spec.nodeName` (`""`: not yet
 /// scheduled), the index kube-apiserver's watch cache keeps for pods
 /// (`pkg/registry/core/pod/storage`, `NodeNameTriggerFunc` and the
-/// `spec.nodeName` indexer) and lists a node's pods from. Cheap to clone,
-/// like [`Objects`], so a list reads it outside the lock.
-type NodeIndex = OrdMap<Arc<str>, Keys>;
+/// `spec.nodeName` indexer) and lists a node's pods from. A node's keys
+/// are a sorted vector, 16 bytes a pod (a persistent set took about 0.01×
+/// of the pods' JSON more: docs/performance.md, (i)), copied under the
+/// lock for a list: a node's pods are a few dozen.
+type NodeIndex = HashMap<Arc<str>, Keys>;
 
 /// How a store behaves.
 #[derive(Debug, Clone)]
@@ -205,12 +207,10 @@ impl State {
         self.objects = fresh;
         if self.by_node.is_some() {
             let mut index = NodeIndex::new();
+            // In key order: each node's keys come sorted.
             for (key, o) in &self.objects {
                 if let Some(node) = o.field("spec.nodeName") {
-                    index
-                        .entry(Arc::from(node))
-                        .or_default()
-                        .insert(key.clone());
+                    index.entry(Arc::from(node)).or_default().push(key.clone());
                 }
             }
             self.by_node = Some(index);
@@ -235,7 +235,9 @@ impl State {
         if let Some(node) = before
             && let Some(keys) = index.get_mut(node)
         {
-            keys.remove(key);
+            if let Ok(i) = keys.binary_search(key) {
+                keys.remove(i);
+            }
             if keys.is_empty() {
                 index.remove(node);
             }
@@ -243,10 +245,12 @@ impl State {
         if let Some(node) = after {
             match index.get_mut(node) {
                 Some(keys) => {
-                    keys.insert(key.clone());
+                    if let Err(i) = keys.binary_search(key) {
+                        keys.insert(i, key.clone());
+                    }
                 }
                 None => {
-                    index.insert(Arc::from(node), OrdSet::unit(key.clone()));
+                    index.insert(Arc::from(node), vec![key.clone()]);
                 }
             }
         }
