@@ -193,7 +193,7 @@ pub struct ResourceCache {
     /// Watches served from the cache now, by the user they act as (for
     /// the operator's view; an entry leaves with its last watch).
     watchers_by_user: Mutex<HashMap<String, usize>>,
-    /// The other caches of this proxy ([`ResourceCache::join`]).
+    /// The other caches of this proxy ([`Siblings::join`]).
     siblings: OnceLock<Arc<Siblings>>,
     pub metrics: ResourceMetrics,
 }
