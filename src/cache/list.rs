@@ -57,12 +57,8 @@ pub fn scope_holds_at_least(objects: &Objects, prefix: &str, n: usize) -> bool {
         return objects.len() >= n;
     }
     let upper = upper_bound(prefix);
-    let upper = match &upper {
-        Some(u) => Bound::Excluded(u.as_str()),
-        None => Bound::Unbounded,
-    };
     objects
-        .range::<_, str>((Bound::Included(prefix), upper))
+        .range::<_, str>((Bound::Included(prefix), scope_end(&upper)))
         .take(n)
         .count()
         >= n
@@ -81,13 +77,7 @@ pub fn select(
 ) -> Page {
     let lower = format!("{prefix}{}", start.unwrap_or(""));
     let upper = upper_bound(prefix);
-    let range = || {
-        let upper = match &upper {
-            Some(u) => Bound::Excluded(u.as_str()),
-            None => Bound::Unbounded,
-        };
-        objects.range::<_, str>((Bound::Included(lower.as_str()), upper))
-    };
+    let range = || objects.range::<_, str>((Bound::Included(lower.as_str()), scope_end(&upper)));
     let limit = usize::try_from(limit).unwrap_or(0);
     let mut page = Page::default();
     let mut has_more = false;
@@ -114,11 +104,28 @@ pub fn select(
             }
         }
     }
-    if has_more && let Some(last) = page.items.last() {
+    if has_more {
+        continue_after_last(&mut page, prefix, rv);
+    }
+    page
+}
+
+/// Sets a full page's continue token: its last item's key, relative to the
+/// scope of `prefix`, at `rv`.
+fn continue_after_last(page: &mut Page, prefix: &str, rv: u64) {
+    if let Some(last) = page.items.last() {
         let relative = last.key().get(prefix.len()..).unwrap_or(last.key());
         page.continue_token = Some(continue_token::encode(rv, relative));
     }
-    page
+}
+
+/// The exclusive upper bound of the scope of `prefix` (the upper end of
+/// [`upper_bound`]'s key, or none).
+fn scope_end(upper: &Option<String>) -> Bound<&str> {
+    match upper {
+        Some(u) => Bound::Excluded(u.as_str()),
+        None => Bound::Unbounded,
+    }
 }
 
 /// [`select`], walking only `candidates` (the keys under the index the
@@ -138,10 +145,6 @@ pub fn select_in(
 ) -> Page {
     let lower = format!("{prefix}{}", start.unwrap_or(""));
     let upper_key = upper_bound(prefix);
-    let upper = || match &upper_key {
-        Some(u) => Bound::Excluded(u.as_str()),
-        None => Bound::Unbounded,
-    };
     let limit = usize::try_from(limit).unwrap_or(0);
     let mut page = Page::default();
     let mut full_at = None;
@@ -164,13 +167,12 @@ pub fn select_in(
     }
     let has_more = full_at.is_some_and(|key| {
         objects
-            .range::<_, str>((Bound::Excluded(&**key), upper()))
+            .range::<_, str>((Bound::Excluded(&**key), scope_end(&upper_key)))
             .next()
             .is_some()
     });
-    if has_more && let Some(last) = page.items.last() {
-        let relative = last.key().get(prefix.len()..).unwrap_or(last.key());
-        page.continue_token = Some(continue_token::encode(rv, relative));
+    if has_more {
+        continue_after_last(&mut page, prefix, rv);
     }
     page
 }
