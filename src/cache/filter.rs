@@ -67,7 +67,9 @@ impl Filter {
     pub fn single_object(&self, namespaced: bool) -> Option<(Option<&str>, &str)> {
         let name = self.fields.requires_exact_match("metadata.name")?;
         match (namespaced, self.single_namespace()) {
-            (true, Some(ns)) if is_dns_label(ns) => Some((Some(ns), name)),
+            (true, Some(ns)) if apimachinery::selector::is_dns1123_label(ns) => {
+                Some((Some(ns), name))
+            }
             (false, _) => Some((None, name)),
             (true, _) => None,
         }
@@ -113,18 +115,6 @@ impl Filter {
             _ => IndexKey::None,
         }
     }
-}
-
-/// A DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63
-/// characters): what a namespace's name is (`ValidateNamespaceName`).
-fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }
 
 #[cfg(test)]

@@ -90,14 +90,7 @@ impl Selection {
         }
         let namespace = if self.namespace.is_empty() {
             let ns = self.fields.requires_exact_match("metadata.namespace")?;
-            let label = !ns.is_empty()
-                && ns.len() <= 63
-                && ns
-                    .bytes()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-                && !ns.starts_with('-')
-                && !ns.ends_with('-');
-            if !label {
+            if !apimachinery::selector::is_dns1123_label(ns) {
                 return None;
             }
             ns

@@ -12,7 +12,9 @@ mod validation;
 
 pub use field::{FieldRequirement, FieldSelector, escape_value as escape_field_value};
 pub use label::{LabelSelector, Operator, Requirement};
-pub use validation::{is_dns1123_subdomain, is_qualified_name, is_valid_label_value};
+pub use validation::{
+    is_dns1123_label, is_dns1123_subdomain, is_qualified_name, is_valid_label_value,
+};
 
 /// Read access to a set of `key=value` pairs (labels or selectable fields).
 pub trait Pairs {

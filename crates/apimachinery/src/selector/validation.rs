@@ -62,6 +62,13 @@ fn matches_dns1123_label(s: &str) -> bool {
     }
 }
 
+/// Whether `value` is a DNS-1123 label (`IsDNS1123Label` finds no
+/// problem): `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters. A
+/// namespace's name is one (`ValidateNamespaceName`).
+pub fn is_dns1123_label(value: &str) -> bool {
+    value.len() <= 63 && matches_dns1123_label(value)
+}
+
 /// `IsDNS1123Subdomain`: the list of problems, empty when valid.
 pub fn is_dns1123_subdomain(value: &str) -> Vec<String> {
     let mut errs = Vec::new();
@@ -155,6 +162,26 @@ mod tests {
         assert!(!is_qualified_name("/b").is_empty());
         assert!(!is_qualified_name("Example.com/b").is_empty());
         assert!(!is_qualified_name(&"a".repeat(64)).is_empty());
+    }
+
+    #[test]
+    fn dns1123_labels() {
+        for ok in ["a", "default", "kube-system", "0", "a-0", &"a".repeat(63)] {
+            assert!(is_dns1123_label(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "A",
+            "-a",
+            "a-",
+            "a.b",
+            "a/b",
+            "..",
+            "a?b",
+            &"a".repeat(64),
+        ] {
+            assert!(!is_dns1123_label(bad), "{bad}");
+        }
     }
 
     #[test]
