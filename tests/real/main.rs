@@ -17,6 +17,7 @@ mod authentication;
 mod clients;
 mod paths;
 mod protobuf;
+mod protobuf_json;
 mod tables;
 mod tier_credentials;
 mod websocket;

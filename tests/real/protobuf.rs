@@ -153,7 +153,7 @@ async fn served(env: &RealEnv, representation: &str) -> f64 {
 
 /// The fixtures: one or more objects of every default cached resource,
 /// labelled `test=pb-<name>`.
-async fn fixtures(env: &RealEnv, ns: &str, label: &str, node: &str) {
+pub(crate) async fn fixtures(env: &RealEnv, ns: &str, label: &str, node: &str) {
     let l = json!({"test": label});
     env.create(
         &format!("/api/v1/namespaces/{ns}/pods"),

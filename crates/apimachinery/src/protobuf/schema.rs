@@ -3,7 +3,7 @@
 // and the Go types they were generated from). Do not edit.
 
 use super::schema_types::{
-    Cardinality as C, FieldKind as K, Message, Presence as P, Special as S, f, m,
+    Cardinality as C, FieldKind as K, Message, Omit as O, Presence as P, Special as S, TM, f, j, m,
 };
 
 pub static MESSAGES: [Message; 1224] = [
@@ -28,6 +28,23 @@ pub static MESSAGES: [Message; 1224] = [
             f("requestSubResource", 15, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Never),
+            j(7, O::Never),
+            j(8, O::Never),
+            j(9, O::Never),
+            j(10, O::Empty),
+            j(11, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.admission.v1.AdmissionResponse",
@@ -42,6 +59,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("warnings", 7, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admission.v1.AdmissionReview",
@@ -51,6 +77,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("response", 2, K::M(1), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admission.v1beta1.AdmissionRequest",
@@ -73,6 +100,23 @@ pub static MESSAGES: [Message; 1224] = [
             f("requestSubResource", 15, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Never),
+            j(7, O::Never),
+            j(8, O::Never),
+            j(9, O::Never),
+            j(10, O::Empty),
+            j(11, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.admission.v1beta1.AdmissionResponse",
@@ -87,6 +131,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("warnings", 7, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admission.v1beta1.AdmissionReview",
@@ -96,12 +149,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("response", 2, K::M(4), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ApplyConfiguration",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.AuditAnnotation",
@@ -111,6 +166,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("valueExpression", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ExpressionWarning",
@@ -120,12 +176,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("warning", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.JSONPatch",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MatchCondition",
@@ -135,6 +193,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("expression", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MatchResources",
@@ -147,6 +206,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchPolicy", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingAdmissionPolicy",
@@ -156,6 +222,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(17), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingAdmissionPolicyBinding",
@@ -165,6 +232,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(15), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingAdmissionPolicyBindingList",
@@ -174,6 +242,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(13), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingAdmissionPolicyBindingSpec",
@@ -184,6 +253,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchResources", 3, K::M(11), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingAdmissionPolicyList",
@@ -193,6 +263,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(12), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingAdmissionPolicySpec",
@@ -207,6 +278,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("reinvocationPolicy", 7, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingWebhook",
@@ -226,6 +306,20 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchConditions", 12, K::M(10), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(8, O::Empty),
+            j(4, O::Empty),
+            j(10, O::Empty),
+            j(5, O::Never),
+            j(6, O::Empty),
+            j(7, O::Never),
+            j(9, O::Empty),
+            j(11, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingWebhookConfiguration",
@@ -235,6 +329,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("webhooks", 2, K::M(18), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.MutatingWebhookConfigurationList",
@@ -244,6 +339,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(19), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.Mutation",
@@ -254,6 +350,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("jsonPatch", 4, K::M(9), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.NamedRuleWithOperations",
@@ -263,6 +360,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(26), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ParamKind",
@@ -272,6 +370,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("kind", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ParamRef",
@@ -283,6 +382,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameterNotFoundAction", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.Rule",
@@ -294,6 +399,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("scope", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.RuleWithOperations",
@@ -303,6 +414,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(25), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ServiceReference",
@@ -314,12 +426,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("port", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.TypeChecking",
         S::Plain,
         &[f("expressionWarnings", 1, K::M(8), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingAdmissionPolicy",
@@ -330,6 +449,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(35), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingAdmissionPolicyBinding",
@@ -339,6 +459,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(32), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingAdmissionPolicyBindingList",
@@ -348,6 +469,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(30), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingAdmissionPolicyBindingSpec",
@@ -359,6 +481,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("validationActions", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingAdmissionPolicyList",
@@ -368,6 +496,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(29), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingAdmissionPolicySpec",
@@ -382,6 +511,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("variables", 7, K::M(40), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingAdmissionPolicyStatus",
@@ -392,6 +530,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 3, K::M(1167), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingWebhook",
@@ -410,6 +549,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchConditions", 11, K::M(10), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(8, O::Empty),
+            j(4, O::Empty),
+            j(9, O::Empty),
+            j(5, O::Never),
+            j(6, O::Empty),
+            j(7, O::Never),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingWebhookConfiguration",
@@ -419,6 +571,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("webhooks", 2, K::M(36), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.ValidatingWebhookConfigurationList",
@@ -428,6 +581,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(37), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.Validation",
@@ -439,6 +593,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("messageExpression", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.Variable",
@@ -448,6 +608,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("expression", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1.WebhookClientConfig",
@@ -458,12 +619,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("url", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(2, O::Empty), j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ApplyConfiguration",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.AuditAnnotation",
@@ -473,6 +636,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("valueExpression", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ExpressionWarning",
@@ -482,12 +646,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("warning", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.JSONPatch",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.MatchCondition",
@@ -496,6 +662,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 1, K::Str, C::One, P::Always),
             f("expression", 2, K::Str, C::One, P::Always),
         ],
+        &[],
         &[],
     ),
     m(
@@ -509,6 +676,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchPolicy", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.MutatingAdmissionPolicy",
@@ -518,6 +692,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(53), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.MutatingAdmissionPolicyBinding",
@@ -527,6 +702,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(51), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.MutatingAdmissionPolicyBindingList",
@@ -536,6 +712,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(49), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.MutatingAdmissionPolicyBindingSpec",
@@ -546,6 +723,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchResources", 3, K::M(47), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.MutatingAdmissionPolicyList",
@@ -555,6 +733,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(48), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.MutatingAdmissionPolicySpec",
@@ -569,6 +748,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("reinvocationPolicy", 7, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.Mutation",
@@ -579,6 +767,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("jsonPatch", 4, K::M(45), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.NamedRuleWithOperations",
@@ -588,6 +777,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(26), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ParamKind",
@@ -597,6 +787,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("kind", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ParamRef",
@@ -608,12 +799,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameterNotFoundAction", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.TypeChecking",
         S::Plain,
         &[f("expressionWarnings", 1, K::M(44), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ValidatingAdmissionPolicy",
@@ -624,6 +822,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(65), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ValidatingAdmissionPolicyBinding",
@@ -633,6 +832,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(62), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ValidatingAdmissionPolicyBindingList",
@@ -642,6 +842,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(60), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ValidatingAdmissionPolicyBindingSpec",
@@ -653,6 +854,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("validationActions", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ValidatingAdmissionPolicyList",
@@ -662,6 +869,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(59), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ValidatingAdmissionPolicySpec",
@@ -676,6 +884,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("variables", 7, K::M(67), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.ValidatingAdmissionPolicyStatus",
@@ -686,6 +903,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 3, K::M(1167), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.Validation",
@@ -697,6 +915,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("messageExpression", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1alpha1.Variable",
@@ -706,12 +930,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("expression", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ApplyConfiguration",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.AuditAnnotation",
@@ -721,6 +947,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("valueExpression", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ExpressionWarning",
@@ -730,12 +957,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("warning", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.JSONPatch",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MatchCondition",
@@ -745,6 +974,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("expression", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MatchResources",
@@ -757,6 +987,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchPolicy", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingAdmissionPolicy",
@@ -766,6 +1003,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(79), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingAdmissionPolicyBinding",
@@ -775,6 +1013,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(77), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingAdmissionPolicyBindingList",
@@ -784,6 +1023,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(75), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingAdmissionPolicyBindingSpec",
@@ -794,6 +1034,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchResources", 3, K::M(73), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingAdmissionPolicyList",
@@ -803,6 +1044,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(74), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingAdmissionPolicySpec",
@@ -817,6 +1059,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("reinvocationPolicy", 7, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingWebhook",
@@ -836,6 +1087,20 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchConditions", 12, K::M(72), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(8, O::Empty),
+            j(4, O::Empty),
+            j(10, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(9, O::Empty),
+            j(11, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingWebhookConfiguration",
@@ -845,6 +1110,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("webhooks", 2, K::M(80), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.MutatingWebhookConfigurationList",
@@ -854,6 +1120,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(81), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.Mutation",
@@ -864,6 +1131,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("jsonPatch", 4, K::M(71), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.NamedRuleWithOperations",
@@ -873,6 +1141,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(26), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ParamKind",
@@ -882,6 +1151,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("kind", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ParamRef",
@@ -893,6 +1163,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameterNotFoundAction", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ServiceReference",
@@ -904,12 +1180,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("port", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.TypeChecking",
         S::Plain,
         &[f("expressionWarnings", 1, K::M(70), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingAdmissionPolicy",
@@ -920,6 +1203,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(95), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingAdmissionPolicyBinding",
@@ -929,6 +1213,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(92), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingAdmissionPolicyBindingList",
@@ -938,6 +1223,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(90), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingAdmissionPolicyBindingSpec",
@@ -949,6 +1235,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("validationActions", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingAdmissionPolicyList",
@@ -958,6 +1250,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(89), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingAdmissionPolicySpec",
@@ -972,6 +1265,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("variables", 7, K::M(100), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingAdmissionPolicyStatus",
@@ -982,6 +1284,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 3, K::M(1167), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingWebhook",
@@ -1000,6 +1303,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchConditions", 11, K::M(72), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(8, O::Empty),
+            j(4, O::Empty),
+            j(9, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingWebhookConfiguration",
@@ -1009,6 +1325,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("webhooks", 2, K::M(96), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.ValidatingWebhookConfigurationList",
@@ -1018,6 +1335,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(97), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.Validation",
@@ -1029,6 +1347,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("messageExpression", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.Variable",
@@ -1038,6 +1362,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("expression", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.admissionregistration.v1beta1.WebhookClientConfig",
@@ -1048,6 +1373,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("url", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(2, O::Empty), j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apidiscovery.v2.APIGroupDiscovery",
@@ -1057,6 +1383,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("versions", 2, K::M(106), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apidiscovery.v2.APIGroupDiscoveryList",
@@ -1066,6 +1393,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(102), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apidiscovery.v2.APIResourceDiscovery",
@@ -1081,6 +1409,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("subresources", 8, K::M(105), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apidiscovery.v2.APISubresourceDiscovery",
@@ -1092,6 +1430,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("verbs", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.apidiscovery.v2.APIVersionDiscovery",
@@ -1102,6 +1446,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("freshness", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.apidiscovery.v2beta1.APIGroupDiscovery",
@@ -1111,6 +1456,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("versions", 2, K::M(111), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apidiscovery.v2beta1.APIGroupDiscoveryList",
@@ -1120,6 +1466,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(107), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apidiscovery.v2beta1.APIResourceDiscovery",
@@ -1135,6 +1482,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("subresources", 8, K::M(110), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apidiscovery.v2beta1.APISubresourceDiscovery",
@@ -1146,6 +1503,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("verbs", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.apidiscovery.v2beta1.APIVersionDiscovery",
@@ -1156,6 +1519,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("freshness", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.apiserverinternal.v1alpha1.ServerStorageVersion",
@@ -1167,6 +1531,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("servedVersions", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apiserverinternal.v1alpha1.StorageVersion",
@@ -1177,6 +1547,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(117), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apiserverinternal.v1alpha1.StorageVersionCondition",
@@ -1190,6 +1561,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apiserverinternal.v1alpha1.StorageVersionList",
@@ -1199,10 +1578,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(113), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apiserverinternal.v1alpha1.StorageVersionSpec",
         S::Plain,
+        &[],
         &[],
         &[],
     ),
@@ -1215,6 +1596,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 3, K::M(114), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1.ControllerRevision",
@@ -1225,6 +1607,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("revision", 3, K::I64, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.ControllerRevisionList",
@@ -1234,6 +1617,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(118), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.DaemonSet",
@@ -1244,6 +1628,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(124), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.DaemonSetCondition",
@@ -1256,6 +1641,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.DaemonSetList",
@@ -1265,6 +1657,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(120), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.DaemonSetSpec",
@@ -1277,6 +1670,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("revisionHistoryLimit", 6, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.DaemonSetStatus",
@@ -1294,6 +1694,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 10, K::M(121), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.DaemonSetUpdateStrategy",
@@ -1303,6 +1715,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(137), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1.Deployment",
@@ -1313,6 +1726,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(130), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.DeploymentCondition",
@@ -1326,6 +1740,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastTransitionTime", 7, K::M(1201), C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.DeploymentList",
@@ -1335,6 +1757,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(126), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.DeploymentSpec",
@@ -1350,6 +1773,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("progressDeadlineSeconds", 9, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.DeploymentStatus",
@@ -1366,6 +1799,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminatingReplicas", 9, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(6, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(8, O::Empty),
+            j(5, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.DeploymentStrategy",
@@ -1375,6 +1819,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(138), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1.ReplicaSet",
@@ -1385,6 +1830,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(136), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.ReplicaSetCondition",
@@ -1397,6 +1843,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.ReplicaSetList",
@@ -1406,6 +1859,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(132), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.ReplicaSetSpec",
@@ -1417,6 +1871,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("minReadySeconds", 4, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(3, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.ReplicaSetStatus",
@@ -1431,6 +1891,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminatingReplicas", 7, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(6, O::Empty),
+            j(2, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.RollingUpdateDaemonSet",
@@ -1440,6 +1909,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxSurge", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1.RollingUpdateDeployment",
@@ -1449,6 +1919,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxSurge", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1.RollingUpdateStatefulSetStrategy",
@@ -1458,6 +1929,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxUnavailable", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1.StatefulSet",
@@ -1468,6 +1940,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(146), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.StatefulSetCondition",
@@ -1480,6 +1953,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.StatefulSetList",
@@ -1489,12 +1969,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(140), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.StatefulSetOrdinals",
         S::Plain,
         &[f("start", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicy",
@@ -1504,6 +1986,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("whenScaled", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1.StatefulSetSpec",
@@ -1528,6 +2011,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("ordinals", 11, K::M(143), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Never),
+            j(5, O::Empty),
+            j(6, O::Never),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.StatefulSetStatus",
@@ -1545,6 +2041,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("availableReplicas", 11, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1.StatefulSetUpdateStrategy",
@@ -1554,6 +2062,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(139), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.ControllerRevision",
@@ -1564,6 +2073,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("revision", 3, K::I64, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.ControllerRevisionList",
@@ -1573,6 +2083,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(148), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.Deployment",
@@ -1583,6 +2094,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(155), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.DeploymentCondition",
@@ -1596,6 +2108,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastTransitionTime", 7, K::M(1201), C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta1.DeploymentList",
@@ -1605,6 +2125,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(150), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.DeploymentRollback",
@@ -1615,6 +2136,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollbackTo", 3, K::M(157), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.DeploymentSpec",
@@ -1631,6 +2153,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("progressDeadlineSeconds", 9, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta1.DeploymentStatus",
@@ -1647,6 +2180,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminatingReplicas", 9, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(6, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(8, O::Empty),
+            j(5, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta1.DeploymentStrategy",
@@ -1656,12 +2200,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(158), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.RollbackConfig",
         S::Plain,
         &[f("revision", 1, K::I64, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.RollingUpdateDeployment",
@@ -1671,6 +2217,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxSurge", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.RollingUpdateStatefulSetStrategy",
@@ -1680,6 +2227,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxUnavailable", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.Scale",
@@ -1690,12 +2238,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(162), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.ScaleSpec",
         S::Plain,
         &[f("replicas", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.ScaleStatus",
@@ -1706,6 +2256,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("targetSelector", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.StatefulSet",
@@ -1716,6 +2267,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(169), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.StatefulSetCondition",
@@ -1728,6 +2280,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta1.StatefulSetList",
@@ -1737,12 +2296,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(163), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.StatefulSetOrdinals",
         S::Plain,
         &[f("start", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.StatefulSetPersistentVolumeClaimRetentionPolicy",
@@ -1752,6 +2313,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("whenScaled", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta1.StatefulSetSpec",
@@ -1776,6 +2338,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("ordinals", 11, K::M(166), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Never),
+            j(5, O::Empty),
+            j(6, O::Never),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta1.StatefulSetStatus",
@@ -1793,6 +2368,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("availableReplicas", 11, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta1.StatefulSetUpdateStrategy",
@@ -1802,6 +2389,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ControllerRevision",
@@ -1812,6 +2400,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("revision", 3, K::I64, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ControllerRevisionList",
@@ -1821,6 +2410,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(171), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DaemonSet",
@@ -1831,6 +2421,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(177), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DaemonSetCondition",
@@ -1843,6 +2434,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DaemonSetList",
@@ -1852,6 +2450,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(173), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DaemonSetSpec",
@@ -1864,6 +2463,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("revisionHistoryLimit", 6, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DaemonSetStatus",
@@ -1881,6 +2487,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 10, K::M(174), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DaemonSetUpdateStrategy",
@@ -1890,6 +2508,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(190), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.Deployment",
@@ -1900,6 +2519,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(183), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DeploymentCondition",
@@ -1913,6 +2533,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastTransitionTime", 7, K::M(1201), C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DeploymentList",
@@ -1922,6 +2550,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(179), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DeploymentSpec",
@@ -1937,6 +2566,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("progressDeadlineSeconds", 9, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DeploymentStatus",
@@ -1953,6 +2592,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminatingReplicas", 9, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(6, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(8, O::Empty),
+            j(5, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.DeploymentStrategy",
@@ -1962,6 +2612,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(191), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ReplicaSet",
@@ -1972,6 +2623,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(189), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ReplicaSetCondition",
@@ -1984,6 +2636,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ReplicaSetList",
@@ -1993,6 +2652,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(185), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ReplicaSetSpec",
@@ -2004,6 +2664,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("minReadySeconds", 4, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(3, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ReplicaSetStatus",
@@ -2018,6 +2684,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminatingReplicas", 7, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(6, O::Empty),
+            j(2, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.RollingUpdateDaemonSet",
@@ -2027,6 +2702,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxSurge", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.RollingUpdateDeployment",
@@ -2036,6 +2712,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxSurge", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.RollingUpdateStatefulSetStrategy",
@@ -2045,6 +2722,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxUnavailable", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.Scale",
@@ -2055,12 +2733,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(195), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ScaleSpec",
         S::Plain,
         &[f("replicas", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.ScaleStatus",
@@ -2071,6 +2751,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("targetSelector", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.StatefulSet",
@@ -2081,6 +2762,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(202), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.StatefulSetCondition",
@@ -2093,6 +2775,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.StatefulSetList",
@@ -2102,12 +2791,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(196), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.StatefulSetOrdinals",
         S::Plain,
         &[f("start", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.StatefulSetPersistentVolumeClaimRetentionPolicy",
@@ -2117,6 +2808,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("whenScaled", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.apps.v1beta2.StatefulSetSpec",
@@ -2141,6 +2833,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("ordinals", 11, K::M(199), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Never),
+            j(5, O::Empty),
+            j(6, O::Never),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.StatefulSetStatus",
@@ -2158,6 +2863,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("availableReplicas", 11, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.apps.v1beta2.StatefulSetUpdateStrategy",
@@ -2167,6 +2884,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(192), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authentication.v1.BoundObjectReference",
@@ -2178,11 +2896,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("uid", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authentication.v1.ExtraValue",
         S::Wrapped,
         &[f("items", 1, K::Str, C::Repeated, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -2193,12 +2918,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 2, K::M(207), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1.SelfSubjectReviewStatus",
         S::Plain,
         &[f("userInfo", 1, K::M(214), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1.TokenRequest",
@@ -2209,6 +2936,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(210), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1.TokenRequestSpec",
@@ -2219,6 +2947,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("expirationSeconds", 4, K::I64, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(2, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1.TokenRequestStatus",
@@ -2228,6 +2957,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("expirationTimestamp", 2, K::M(1201), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1.TokenReview",
@@ -2238,6 +2968,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(213), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1.TokenReviewSpec",
@@ -2247,6 +2978,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("audiences", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authentication.v1.TokenReviewStatus",
@@ -2258,6 +2990,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("audiences", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(3, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authentication.v1.UserInfo",
@@ -2269,6 +3007,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("extra", 4, K::M(205), C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authentication.v1alpha1.SelfSubjectReview",
@@ -2278,17 +3022,20 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 2, K::M(216), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1alpha1.SelfSubjectReviewStatus",
         S::Plain,
         &[f("userInfo", 1, K::M(214), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1beta1.ExtraValue",
         S::Wrapped,
         &[f("items", 1, K::Str, C::Repeated, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -2299,12 +3046,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 2, K::M(219), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1beta1.SelfSubjectReviewStatus",
         S::Plain,
         &[f("userInfo", 1, K::M(214), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1beta1.TokenReview",
@@ -2315,6 +3064,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(222), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authentication.v1beta1.TokenReviewSpec",
@@ -2324,6 +3074,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("audiences", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authentication.v1beta1.TokenReviewStatus",
@@ -2335,6 +3086,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("audiences", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(3, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authentication.v1beta1.UserInfo",
@@ -2346,11 +3103,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("extra", 4, K::M(217), C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1.ExtraValue",
         S::Wrapped,
         &[f("items", 1, K::Str, C::Repeated, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -2361,6 +3125,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("requirements", 2, K::M(1171), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1.LabelSelectorAttributes",
@@ -2370,6 +3135,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("requirements", 2, K::M(1181), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1.LocalSubjectAccessReview",
@@ -2380,6 +3146,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(238), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authorization.v1.NonResourceAttributes",
@@ -2389,6 +3156,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("verb", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1.NonResourceRule",
@@ -2398,6 +3166,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1.ResourceAttributes",
@@ -2414,6 +3183,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("labelSelector", 9, K::M(226), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1.ResourceRule",
@@ -2425,6 +3205,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceNames", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1.SelfSubjectAccessReview",
@@ -2435,6 +3221,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(238), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authorization.v1.SelfSubjectAccessReviewSpec",
@@ -2444,6 +3231,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceAttributes", 2, K::M(228), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1.SelfSubjectRulesReview",
@@ -2454,12 +3242,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(239), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authorization.v1.SelfSubjectRulesReviewSpec",
         S::Plain,
         &[f("namespace", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1.SubjectAccessReview",
@@ -2470,6 +3260,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(238), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authorization.v1.SubjectAccessReviewSpec",
@@ -2483,6 +3274,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("uid", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1.SubjectAccessReviewStatus",
@@ -2494,6 +3293,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("denied", 4, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(3, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1.SubjectRulesReviewStatus",
@@ -2505,11 +3310,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("evaluationError", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.ExtraValue",
         S::Wrapped,
         &[f("items", 1, K::Str, C::Repeated, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -2521,6 +3333,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(252), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.NonResourceAttributes",
@@ -2530,6 +3343,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("verb", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.NonResourceRule",
@@ -2539,6 +3353,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.ResourceAttributes",
@@ -2555,6 +3370,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("labelSelector", 9, K::M(226), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.ResourceRule",
@@ -2566,6 +3392,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceNames", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.SelfSubjectAccessReview",
@@ -2576,6 +3408,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(252), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.SelfSubjectAccessReviewSpec",
@@ -2585,6 +3418,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceAttributes", 2, K::M(242), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.SelfSubjectRulesReview",
@@ -2595,12 +3429,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(253), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.SelfSubjectRulesReviewSpec",
         S::Plain,
         &[f("namespace", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.SubjectAccessReview",
@@ -2611,6 +3447,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(252), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.SubjectAccessReviewSpec",
@@ -2624,6 +3461,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("uid", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.SubjectAccessReviewStatus",
@@ -2635,6 +3480,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("denied", 4, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(3, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.authorization.v1beta1.SubjectRulesReviewStatus",
@@ -2646,6 +3497,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("evaluationError", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ContainerResourceMetricSource",
@@ -2657,6 +3514,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("container", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ContainerResourceMetricStatus",
@@ -2668,6 +3531,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("container", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.CrossVersionObjectReference",
@@ -2678,6 +3547,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("apiVersion", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ExternalMetricSource",
@@ -2689,6 +3559,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("targetAverageValue", 4, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ExternalMetricStatus",
@@ -2700,6 +3576,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("currentAverageValue", 4, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.HorizontalPodAutoscaler",
@@ -2710,6 +3592,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(263), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.HorizontalPodAutoscalerCondition",
@@ -2722,6 +3605,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.HorizontalPodAutoscalerList",
@@ -2731,6 +3621,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(259), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.HorizontalPodAutoscalerSpec",
@@ -2748,6 +3639,12 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.HorizontalPodAutoscalerStatus",
@@ -2766,6 +3663,13 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.MetricSpec",
@@ -2779,6 +3683,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("containerResource", 7, K::M(254), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(5, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.MetricStatus",
@@ -2792,6 +3704,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("containerResource", 7, K::M(255), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(5, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ObjectMetricSource",
@@ -2804,6 +3724,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("averageValue", 5, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ObjectMetricStatus",
@@ -2816,6 +3743,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("averageValue", 5, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v1.PodsMetricSource",
@@ -2826,6 +3760,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("selector", 3, K::M(1180), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.PodsMetricStatus",
@@ -2836,6 +3771,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("selector", 3, K::M(1180), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ResourceMetricSource",
@@ -2846,6 +3782,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("targetAverageValue", 3, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ResourceMetricStatus",
@@ -2856,6 +3793,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("currentAverageValue", 3, K::M(1159), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.Scale",
@@ -2866,12 +3804,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(274), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ScaleSpec",
         S::Plain,
         &[f("replicas", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v1.ScaleStatus",
@@ -2881,6 +3821,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("selector", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.ContainerResourceMetricSource",
@@ -2891,6 +3832,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("container", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.ContainerResourceMetricStatus",
@@ -2901,6 +3843,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("container", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.CrossVersionObjectReference",
@@ -2911,6 +3854,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("apiVersion", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.ExternalMetricSource",
@@ -2920,6 +3864,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("target", 2, K::M(291), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.ExternalMetricStatus",
@@ -2929,6 +3874,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("current", 2, K::M(292), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.HPAScalingPolicy",
@@ -2939,6 +3885,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("periodSeconds", 3, K::I32, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.HPAScalingRules",
@@ -2950,6 +3897,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("tolerance", 4, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(2, O::Empty),
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v2.HorizontalPodAutoscaler",
@@ -2960,6 +3913,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(287), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerBehavior",
@@ -2969,6 +3923,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("scaleDown", 2, K::M(281), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerCondition",
@@ -2981,6 +3936,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerList",
@@ -2990,6 +3952,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(282), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerSpec",
@@ -3002,6 +3965,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("behavior", 5, K::M(283), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerStatus",
@@ -3015,6 +3985,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 6, K::M(284), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v2.MetricIdentifier",
@@ -3024,6 +4002,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("selector", 2, K::M(1180), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.MetricSpec",
@@ -3037,6 +4016,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("containerResource", 7, K::M(275), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(5, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v2.MetricStatus",
@@ -3050,6 +4037,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("containerResource", 7, K::M(276), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(5, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v2.MetricTarget",
@@ -3061,6 +4056,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("averageUtilization", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.autoscaling.v2.MetricValueStatus",
@@ -3071,6 +4072,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("averageUtilization", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.ObjectMetricSource",
@@ -3081,6 +4083,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("metric", 3, K::M(288), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.ObjectMetricStatus",
@@ -3091,6 +4094,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("describedObject", 3, K::M(277), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.PodsMetricSource",
@@ -3100,6 +4104,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("target", 2, K::M(291), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.PodsMetricStatus",
@@ -3109,6 +4114,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("current", 2, K::M(292), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.ResourceMetricSource",
@@ -3118,6 +4124,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("target", 2, K::M(291), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.autoscaling.v2.ResourceMetricStatus",
@@ -3127,6 +4134,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("current", 2, K::M(292), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.CronJob",
@@ -3137,6 +4145,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(302), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.CronJobList",
@@ -3146,6 +4155,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(299), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.CronJobSpec",
@@ -3161,6 +4171,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("timeZone", 8, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(7, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Never),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.batch.v1.CronJobStatus",
@@ -3171,6 +4191,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastSuccessfulTime", 5, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.batch.v1.Job",
@@ -3181,6 +4202,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(307), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.JobCondition",
@@ -3194,6 +4216,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.batch.v1.JobList",
@@ -3203,6 +4233,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(303), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.JobSpec",
@@ -3226,6 +4257,24 @@ pub static MESSAGES: [Message; 1224] = [
             f("successPolicy", 16, K::M(313), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(10, O::Empty),
+            j(15, O::Empty),
+            j(6, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Never),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.batch.v1.JobStatus",
@@ -3244,6 +4293,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminating", 11, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(10, O::Empty),
+            j(6, O::Empty),
+            j(9, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.batch.v1.JobTemplateSpec",
@@ -3253,12 +4315,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(306), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.PodFailurePolicy",
         S::Plain,
         &[f("rules", 1, K::M(312), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.PodFailurePolicyOnExitCodesRequirement",
@@ -3269,6 +4333,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("values", 3, K::I32, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.PodFailurePolicyOnPodConditionsPattern",
@@ -3278,6 +4343,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.PodFailurePolicyRule",
@@ -3288,12 +4354,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("onPodConditions", 3, K::M(311), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.batch.v1.SuccessPolicy",
         S::Plain,
         &[f("rules", 1, K::M(314), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1.SuccessPolicyRule",
@@ -3303,6 +4371,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("succeededCount", 2, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.batch.v1.UncountedTerminatedPods",
@@ -3312,6 +4381,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("failed", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.batch.v1beta1.CronJob",
@@ -3322,6 +4392,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(319), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1beta1.CronJobList",
@@ -3331,6 +4402,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(316), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.batch.v1beta1.CronJobSpec",
@@ -3346,6 +4418,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("timeZone", 8, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(7, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Never),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.batch.v1beta1.CronJobStatus",
@@ -3356,6 +4438,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastSuccessfulTime", 5, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.batch.v1beta1.JobTemplateSpec",
@@ -3365,6 +4448,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(306), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1.CertificateSigningRequest",
@@ -3375,6 +4459,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(325), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1.CertificateSigningRequestCondition",
@@ -3388,6 +4473,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(5, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.certificates.v1.CertificateSigningRequestList",
@@ -3397,6 +4490,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(321), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1.CertificateSigningRequestSpec",
@@ -3412,6 +4506,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("expirationSeconds", 8, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(6, O::Never),
+            j(7, O::Empty),
+            j(4, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.certificates.v1.CertificateSigningRequestStatus",
@@ -3421,11 +4525,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("certificate", 2, K::Bytes, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.certificates.v1.ExtraValue",
         S::Wrapped,
         &[f("items", 1, K::Str, C::Repeated, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -3436,6 +4542,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(329), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1alpha1.ClusterTrustBundleList",
@@ -3445,6 +4552,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(327), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1alpha1.ClusterTrustBundleSpec",
@@ -3454,6 +4562,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("trustBundle", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.CertificateSigningRequest",
@@ -3464,6 +4573,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(334), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.CertificateSigningRequestCondition",
@@ -3477,6 +4587,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(5, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.CertificateSigningRequestList",
@@ -3486,6 +4604,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(330), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.CertificateSigningRequestSpec",
@@ -3501,6 +4620,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("expirationSeconds", 8, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(4, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.CertificateSigningRequestStatus",
@@ -3510,6 +4639,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("certificate", 2, K::Bytes, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.ClusterTrustBundle",
@@ -3519,6 +4649,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(337), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.ClusterTrustBundleList",
@@ -3528,6 +4659,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(335), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.ClusterTrustBundleSpec",
@@ -3537,11 +4669,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("trustBundle", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.ExtraValue",
         S::Wrapped,
         &[f("items", 1, K::Str, C::Repeated, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -3553,6 +4687,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(342), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.PodCertificateRequestList",
@@ -3562,6 +4697,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(339), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.PodCertificateRequestSpec",
@@ -3581,6 +4717,20 @@ pub static MESSAGES: [Message; 1224] = [
             f("stubPKCS10Request", 12, K::Bytes, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(6, O::Never),
+            j(7, O::Empty),
+            j(8, O::Never),
+            j(9, O::Never),
+            j(11, O::Never),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.certificates.v1beta1.PodCertificateRequestStatus",
@@ -3593,6 +4743,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("notAfter", 6, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.coordination.v1.Lease",
@@ -3602,6 +4759,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(345), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.coordination.v1.LeaseList",
@@ -3611,6 +4769,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(343), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.coordination.v1.LeaseSpec",
@@ -3625,6 +4784,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("preferredHolder", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.coordination.v1alpha2.LeaseCandidate",
@@ -3634,6 +4802,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(348), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.coordination.v1alpha2.LeaseCandidateList",
@@ -3643,6 +4812,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(346), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.coordination.v1alpha2.LeaseCandidateSpec",
@@ -3656,6 +4826,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("strategy", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.coordination.v1beta1.Lease",
@@ -3665,6 +4843,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(354), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.coordination.v1beta1.LeaseCandidate",
@@ -3674,6 +4853,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(352), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.coordination.v1beta1.LeaseCandidateList",
@@ -3683,6 +4863,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(350), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.coordination.v1beta1.LeaseCandidateSpec",
@@ -3696,6 +4877,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("strategy", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.coordination.v1beta1.LeaseList",
@@ -3705,6 +4894,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(349), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.coordination.v1beta1.LeaseSpec",
@@ -3719,6 +4909,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("preferredHolder", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.AWSElasticBlockStoreVolumeSource",
@@ -3730,6 +4929,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 4, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.Affinity",
@@ -3740,6 +4945,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("podAntiAffinity", 3, K::M(494), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.AppArmorProfile",
@@ -3749,6 +4955,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("localhostProfile", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.AttachedVolume",
@@ -3758,12 +4965,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("devicePath", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.AvoidPods",
         S::Plain,
         &[f("preferAvoidPods", 1, K::M(524), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.AzureDiskVolumeSource",
@@ -3777,6 +4986,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("kind", 6, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.AzureFilePersistentVolumeSource",
@@ -3788,6 +5005,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretNamespace", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.AzureFileVolumeSource",
@@ -3798,6 +5021,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 3, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Binding",
@@ -3807,6 +5031,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("target", 2, K::M(477), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.CSIPersistentVolumeSource",
@@ -3824,6 +5049,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("nodeExpandSecretRef", 10, K::M(558), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.CSIVolumeSource",
@@ -3836,6 +5073,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("nodePublishSecretRef", 5, K::M(447), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.Capabilities",
@@ -3845,6 +5089,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("drop", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.CephFSPersistentVolumeSource",
@@ -3858,6 +5103,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 6, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.CephFSVolumeSource",
@@ -3871,6 +5124,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 6, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.CinderPersistentVolumeSource",
@@ -3882,6 +5143,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretRef", 4, K::M(558), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.CinderVolumeSource",
@@ -3893,12 +5160,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretRef", 4, K::M(447), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ClientIPConfig",
         S::Plain,
         &[f("timeoutSeconds", 1, K::I32, C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ClusterTrustBundleProjection",
@@ -3911,6 +5185,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 5, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(4, O::Empty),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ComponentCondition",
@@ -3922,6 +5203,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("error", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ComponentStatus",
@@ -3931,6 +5218,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 2, K::M(373), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ComponentStatusList",
@@ -3940,6 +5228,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(374), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ConfigMap",
@@ -3951,6 +5240,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("immutable", 4, K::Bool, C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(3, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ConfigMapEnvSource",
@@ -3960,6 +5256,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 2, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ConfigMapKeySelector",
@@ -3970,6 +5267,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 3, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ConfigMapList",
@@ -3979,6 +5277,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(376), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ConfigMapNodeConfigSource",
@@ -3991,6 +5290,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("kubeletConfigKey", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ConfigMapProjection",
@@ -4001,6 +5307,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 4, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ConfigMapVolumeSource",
@@ -4012,6 +5319,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 4, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.Container",
@@ -4044,6 +5357,33 @@ pub static MESSAGES: [Message; 1224] = [
             f("restartPolicyRules", 25, K::M(388), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(18, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Never),
+            j(22, O::Empty),
+            j(23, O::Empty),
+            j(24, O::Empty),
+            j(8, O::Empty),
+            j(20, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(21, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(19, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(15, O::Empty),
+            j(16, O::Empty),
+            j(17, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ContainerExtendedResourceRequest",
@@ -4054,6 +5394,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("requestName", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ContainerImage",
@@ -4063,6 +5404,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("sizeBytes", 2, K::I64, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ContainerPort",
@@ -4075,6 +5417,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("hostIP", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ContainerResizePolicy",
@@ -4084,6 +5433,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("restartPolicy", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ContainerRestartRule",
@@ -4093,6 +5443,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("exitCodes", 2, K::M(389), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ContainerRestartRuleOnExitCodes",
@@ -4102,6 +5453,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("values", 2, K::I32, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ContainerState",
@@ -4112,12 +5464,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminated", 3, K::M(392), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ContainerStateRunning",
         S::Plain,
         &[f("startedAt", 1, K::M(1201), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ContainerStateTerminated",
@@ -4132,6 +5486,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("containerID", 7, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ContainerStateWaiting",
@@ -4141,6 +5504,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ContainerStatus",
@@ -4169,24 +5533,44 @@ pub static MESSAGES: [Message; 1224] = [
             f("stopSignal", 15, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(6, O::Never),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ContainerUser",
         S::Plain,
         &[f("linux", 1, K::M(443), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.DaemonEndpoint",
         S::Plain,
         &[f("Port", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.DownwardAPIProjection",
         S::Plain,
         &[f("items", 1, K::M(398), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.DownwardAPIVolumeFile",
@@ -4198,6 +5582,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("mode", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.DownwardAPIVolumeSource",
@@ -4207,6 +5597,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("defaultMode", 2, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.EmptyDirVolumeSource",
@@ -4216,6 +5607,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("sizeLimit", 2, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.EndpointAddress",
@@ -4227,6 +5619,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("nodeName", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(1, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.EndpointPort",
@@ -4238,6 +5636,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("appProtocol", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.EndpointSubset",
@@ -4248,6 +5652,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("ports", 3, K::M(402), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Endpoints",
@@ -4257,6 +5662,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("subsets", 2, K::M(403), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.EndpointsList",
@@ -4266,6 +5672,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(404), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.EnvFromSource",
@@ -4276,6 +5683,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretRef", 3, K::M(554), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.EnvVar",
@@ -4286,6 +5694,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("valueFrom", 3, K::M(408), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.EnvVarSource",
@@ -4298,6 +5707,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("fileKeyRef", 5, K::M(418), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.EphemeralContainer",
@@ -4307,6 +5723,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("targetContainerName", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.EphemeralContainerCommon",
@@ -4339,12 +5756,40 @@ pub static MESSAGES: [Message; 1224] = [
             f("restartPolicyRules", 25, K::M(388), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(18, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Never),
+            j(22, O::Empty),
+            j(23, O::Empty),
+            j(24, O::Empty),
+            j(8, O::Empty),
+            j(20, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(21, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(19, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(15, O::Empty),
+            j(16, O::Empty),
+            j(17, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.EphemeralVolumeSource",
         S::Plain,
         &[f("volumeClaimTemplate", 1, K::M(484), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Event",
@@ -4367,6 +5812,24 @@ pub static MESSAGES: [Message; 1224] = [
             f("reportingInstance", 15, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(6, O::Never),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Never),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Never),
+            j(14, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.EventList",
@@ -4376,6 +5839,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(412), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.EventSeries",
@@ -4385,6 +5849,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastObservedTime", 2, K::M(1186), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.EventSource",
@@ -4394,12 +5859,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("host", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ExecAction",
         S::Plain,
         &[f("command", 1, K::Str, C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.FCVolumeSource",
@@ -4412,6 +5879,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("wwids", 5, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.FileKeySelector",
@@ -4423,6 +5897,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 4, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.FlexPersistentVolumeSource",
@@ -4435,6 +5915,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("options", 5, K::Str, C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.FlexVolumeSource",
@@ -4447,6 +5934,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("options", 5, K::Str, C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.FlockerVolumeSource",
@@ -4456,6 +5950,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("datasetUUID", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.GCEPersistentDiskVolumeSource",
@@ -4467,6 +5962,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 4, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.GRPCAction",
@@ -4476,6 +5977,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("service", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.GitRepoVolumeSource",
@@ -4486,6 +5988,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("directory", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.GlusterfsPersistentVolumeSource",
@@ -4497,6 +6000,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("endpointsNamespace", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.GlusterfsVolumeSource",
@@ -4507,6 +6016,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 3, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.HTTPGetAction",
@@ -4519,6 +6029,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("httpHeaders", 5, K::M(428), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.HTTPHeader",
@@ -4528,6 +6045,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("value", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.HostAlias",
@@ -4537,12 +6055,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("hostnames", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.HostIP",
         S::Plain,
         &[f("ip", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.HostPathVolumeSource",
@@ -4552,6 +6072,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("type", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ISCSIPersistentVolumeSource",
@@ -4570,6 +6091,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("initiatorName", 12, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(9, O::Empty),
+            j(8, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ISCSIVolumeSource",
@@ -4588,6 +6122,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("initiatorName", 12, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(9, O::Empty),
+            j(8, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ImageVolumeSource",
@@ -4597,12 +6144,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("pullPolicy", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ImageVolumeStatus",
         S::Plain,
         &[f("imageRef", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.KeyToPath",
@@ -4613,6 +6162,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("mode", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Lifecycle",
@@ -4623,6 +6173,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("stopSignal", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.LifecycleHandler",
@@ -4634,6 +6185,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("sleep", 4, K::M(572), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.LimitRange",
@@ -4643,6 +6200,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(442), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.LimitRangeItem",
@@ -4656,6 +6214,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxLimitRequestRatio", 6, K::M(1159), C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.LimitRangeList",
@@ -4665,12 +6231,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(439), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.LimitRangeSpec",
         S::Plain,
         &[f("limits", 1, K::M(440), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.LinuxContainerUser",
@@ -4681,6 +6249,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("supplementalGroups", 3, K::I64, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.List",
@@ -4689,6 +6258,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("metadata", 1, K::M(1183), C::One, P::Always),
             f("items", 2, K::M(1208), C::Repeated, P::Always),
         ],
+        &[],
         &[],
     ),
     m(
@@ -4701,18 +6271,26 @@ pub static MESSAGES: [Message; 1224] = [
             f("ports", 4, K::M(521), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.LoadBalancerStatus",
         S::Plain,
         &[f("ingress", 1, K::M(445), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.LocalObjectReference",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.LocalVolumeSource",
@@ -4722,6 +6300,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("fsType", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ModifyVolumeStatus",
@@ -4737,6 +6316,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NFSVolumeSource",
@@ -4747,6 +6327,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 3, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Namespace",
@@ -4757,6 +6338,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(455), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NamespaceCondition",
@@ -4769,6 +6351,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.NamespaceList",
@@ -4778,12 +6367,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(451), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NamespaceSpec",
         S::Plain,
         &[f("finalizers", 1, K::Str, C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NamespaceStatus",
@@ -4793,6 +6384,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 2, K::M(452), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Node",
@@ -4803,6 +6395,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(473), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NodeAddress",
@@ -4812,6 +6405,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("address", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NodeAffinity",
@@ -4833,6 +6427,7 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeAllocatableResourceClaimStatus",
@@ -4843,6 +6438,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resources", 3, K::M(1159), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NodeCondition",
@@ -4856,12 +6452,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.NodeConfigSource",
         S::Plain,
         &[f("configMap", 2, K::M(380), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeConfigStatus",
@@ -4873,18 +6478,26 @@ pub static MESSAGES: [Message; 1224] = [
             f("error", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.NodeDaemonEndpoints",
         S::Plain,
         &[f("kubeletEndpoint", 1, K::M(396), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NodeFeatures",
         S::Plain,
         &[f("supplementalGroupsPolicy", 1, K::Bool, C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeList",
@@ -4894,12 +6507,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(456), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NodeProxyOptions",
         S::Plain,
         &[f("path", 1, K::Str, C::One, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeRuntimeHandler",
@@ -4909,6 +6524,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("features", 2, K::M(468), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeRuntimeHandlerFeatures",
@@ -4918,12 +6534,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("userNamespaces", 2, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeSelector",
         S::Plain,
         &[f("nodeSelectorTerms", 1, K::M(471), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.NodeSelectorRequirement",
@@ -4934,6 +6552,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("values", 3, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeSelectorTerm",
@@ -4943,6 +6562,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchFields", 2, K::M(470), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeSpec",
@@ -4957,6 +6577,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("podCIDRs", 7, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(6, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(1, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.NodeStatus",
@@ -4978,12 +6607,29 @@ pub static MESSAGES: [Message; 1224] = [
             f("declaredFeatures", 14, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Never),
+            j(6, O::Never),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.NodeSwapStatus",
         S::Plain,
         &[f("capacity", 1, K::I64, C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.NodeSystemInfo",
@@ -5002,6 +6648,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("swap", 11, K::M(474), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(6, O::Never),
+            j(7, O::Never),
+            j(8, O::Never),
+            j(9, O::Never),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ObjectFieldSelector",
@@ -5011,6 +6670,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("fieldPath", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ObjectReference",
@@ -5025,6 +6685,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("fieldPath", 7, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolume",
@@ -5035,6 +6704,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(489), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeClaim",
@@ -5045,6 +6715,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(483), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeClaimCondition",
@@ -5058,6 +6729,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeClaimList",
@@ -5067,6 +6746,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(479), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeClaimSpec",
@@ -5083,6 +6763,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("volumeAttributesClassName", 9, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(3, O::Empty),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeClaimStatus",
@@ -5104,6 +6795,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("modifyVolumeStatus", 9, K::M(449), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeClaimTemplate",
@@ -5113,6 +6814,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(482), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeClaimVolumeSource",
@@ -5122,6 +6824,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 2, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeList",
@@ -5131,6 +6834,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(478), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeSource",
@@ -5160,6 +6864,30 @@ pub static MESSAGES: [Message; 1224] = [
             f("csi", 22, K::M(364), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(15, O::Empty),
+            j(16, O::Empty),
+            j(17, O::Empty),
+            j(18, O::Empty),
+            j(19, O::Empty),
+            j(20, O::Empty),
+            j(21, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeSpec",
@@ -5183,6 +6911,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("volumeAttributesClassName", 10, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PersistentVolumeStatus",
@@ -5194,6 +6934,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastPhaseTransitionTime", 4, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PhotonPersistentDiskVolumeSource",
@@ -5203,6 +6949,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("fsType", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Pod",
@@ -5213,6 +6960,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(516), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodAffinity",
@@ -5234,6 +6982,7 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodAffinityTerm",
@@ -5247,6 +6996,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("mismatchLabelKeys", 6, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodAntiAffinity",
@@ -5268,6 +7025,7 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodAttachOptions",
@@ -5280,6 +7038,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("container", 5, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodCertificateProjection",
@@ -5294,6 +7060,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("userAnnotations", 7, K::Str, C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodCondition",
@@ -5308,6 +7083,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("observedGeneration", 7, K::I64, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(6, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodDNSConfig",
@@ -5318,6 +7102,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("options", 3, K::M(499), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodDNSConfigOption",
@@ -5327,6 +7112,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("value", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodExecOptions",
@@ -5340,6 +7126,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("command", 6, K::Str, C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodExtendedResourceClaimStatus",
@@ -5349,12 +7144,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceClaimName", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodIP",
         S::Plain,
         &[f("ip", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodList",
@@ -5364,6 +7161,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(491), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodLogOptions",
@@ -5387,30 +7185,47 @@ pub static MESSAGES: [Message; 1224] = [
             f("stream", 10, K::Str, C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodOS",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodPortForwardOptions",
         S::Plain,
         &[f("ports", 1, K::I32, C::Repeated, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodProxyOptions",
         S::Plain,
         &[f("path", 1, K::Str, C::One, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodReadinessGate",
         S::Plain,
         &[f("conditionType", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodResourceClaim",
@@ -5421,6 +7236,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceClaimTemplateName", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodResourceClaimStatus",
@@ -5430,18 +7246,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceClaimName", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodSchedulingGate",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodSchedulingGroup",
         S::Plain,
         &[f("podGroupName", 1, K::Str, C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodSecurityContext",
@@ -5462,12 +7281,28 @@ pub static MESSAGES: [Message; 1224] = [
             f("seLinuxChangePolicy", 13, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(7, O::Empty),
+            j(1, O::Empty),
+            j(5, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(11, O::Empty),
+            j(4, O::Empty),
+            j(6, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(12, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodSignature",
         S::Plain,
         &[f("podController", 1, K::M(1188), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PodSpec",
@@ -5529,6 +7364,50 @@ pub static MESSAGES: [Message; 1224] = [
             f("schedulingGroup", 43, K::M(512), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(19, O::Empty),
+            j(1, O::Never),
+            j(33, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(20, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(26, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(15, O::Empty),
+            j(16, O::Empty),
+            j(17, O::Empty),
+            j(18, O::Empty),
+            j(21, O::Empty),
+            j(22, O::Empty),
+            j(23, O::Empty),
+            j(24, O::Empty),
+            j(25, O::Empty),
+            j(27, O::Empty),
+            j(28, O::Empty),
+            j(29, O::Empty),
+            j(30, O::Empty),
+            j(31, O::Empty),
+            j(32, O::Empty),
+            j(34, O::Empty),
+            j(35, O::Empty),
+            j(36, O::Empty),
+            j(37, O::Empty),
+            j(38, O::Empty),
+            j(39, O::Empty),
+            j(40, O::Empty),
+            j(41, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodStatus",
@@ -5587,6 +7466,29 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(16, O::Empty),
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(10, O::Empty),
+            j(4, O::Empty),
+            j(15, O::Empty),
+            j(5, O::Empty),
+            j(11, O::Empty),
+            j(6, O::Empty),
+            j(9, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(17, O::Empty),
+            j(18, O::Empty),
+            j(19, O::Empty),
+            j(20, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PodStatusResult",
@@ -5596,6 +7498,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 2, K::M(516), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodTemplate",
@@ -5605,6 +7508,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("template", 2, K::M(520), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodTemplateList",
@@ -5614,6 +7518,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(518), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PodTemplateSpec",
@@ -5623,6 +7528,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(515), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.PortStatus",
@@ -5633,6 +7539,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("error", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PortworxVolumeSource",
@@ -5643,12 +7550,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 3, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Preconditions",
         S::Plain,
         &[f("uid", 1, K::Str, C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.PreferAvoidPodsEntry",
@@ -5660,6 +7569,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.PreferredSchedulingTerm",
@@ -5669,6 +7584,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("preference", 2, K::M(471), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.Probe",
@@ -5683,6 +7599,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminationGracePeriodSeconds", 7, K::I64, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ProbeHandler",
@@ -5694,6 +7619,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("grpc", 4, K::M(423), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ProjectedVolumeSource",
@@ -5703,6 +7634,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("defaultMode", 2, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.QuobyteVolumeSource",
@@ -5716,6 +7648,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("tenant", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.RBDPersistentVolumeSource",
@@ -5731,6 +7671,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 8, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.RBDVolumeSource",
@@ -5746,6 +7696,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 8, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.RangeAllocation",
@@ -5756,6 +7716,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("data", 3, K::Bytes, C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ReplicationController",
@@ -5766,6 +7727,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(537), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ReplicationControllerCondition",
@@ -5778,6 +7740,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ReplicationControllerList",
@@ -5787,6 +7756,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(533), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ReplicationControllerSpec",
@@ -5798,6 +7768,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("minReadySeconds", 4, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(3, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ReplicationControllerStatus",
@@ -5811,6 +7787,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 6, K::M(534), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(2, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ResourceClaim",
@@ -5820,6 +7804,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("request", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ResourceFieldSelector",
@@ -5830,6 +7815,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("divisor", 3, K::M(1159), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ResourceHealth",
@@ -5840,6 +7826,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 6, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ResourceQuota",
@@ -5850,6 +7837,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(544), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ResourceQuotaList",
@@ -5859,6 +7847,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(541), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ResourceQuotaSpec",
@@ -5869,6 +7858,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("scopeSelector", 3, K::M(550), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ResourceQuotaStatus",
@@ -5878,6 +7868,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("used", 2, K::M(1159), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ResourceRequirements",
@@ -5888,6 +7879,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("claims", 3, K::M(538), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ResourceStatus",
@@ -5897,6 +7889,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resources", 2, K::M(540), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.SELinuxOptions",
@@ -5908,6 +7901,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("level", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ScaleIOPersistentVolumeSource",
@@ -5925,6 +7924,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 10, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ScaleIOVolumeSource",
@@ -5942,12 +7953,25 @@ pub static MESSAGES: [Message; 1224] = [
             f("readOnly", 10, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ScopeSelector",
         S::Plain,
         &[f("matchExpressions", 1, K::M(551), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ScopedResourceSelectorRequirement",
@@ -5958,6 +7982,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("values", 3, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.SeccompProfile",
@@ -5967,6 +7992,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("localhostProfile", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Secret",
@@ -5979,6 +8005,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("immutable", 5, K::Bool, C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(4, O::Empty),
+            j(1, O::Empty),
+            j(3, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.SecretEnvSource",
@@ -5988,6 +8022,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 2, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.SecretKeySelector",
@@ -5998,6 +8033,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 3, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.SecretList",
@@ -6007,6 +8043,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(553), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.SecretProjection",
@@ -6017,6 +8054,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 4, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.SecretReference",
@@ -6026,6 +8064,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespace", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.SecretVolumeSource",
@@ -6037,6 +8076,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("optional", 4, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.SecurityContext",
@@ -6056,12 +8101,27 @@ pub static MESSAGES: [Message; 1224] = [
             f("appArmorProfile", 12, K::M(357), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(9, O::Empty),
+            j(3, O::Empty),
+            j(7, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(8, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.SerializedReference",
         S::Plain,
         &[f("reference", 1, K::M(477), C::One, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.Service",
@@ -6072,6 +8132,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(570), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ServiceAccount",
@@ -6083,6 +8144,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("automountServiceAccountToken", 4, K::Bool, C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ServiceAccountList",
@@ -6092,6 +8160,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(563), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ServiceAccountTokenProjection",
@@ -6102,6 +8171,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("path", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ServiceList",
@@ -6111,6 +8181,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(562), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.ServicePort",
@@ -6124,12 +8195,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("appProtocol", 6, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(5, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ServiceProxyOptions",
         S::Plain,
         &[f("path", 1, K::Str, C::One, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.ServiceSpec",
@@ -6169,6 +8249,28 @@ pub static MESSAGES: [Message; 1224] = [
             f("trafficDistribution", 23, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(14, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(15, O::Empty),
+            j(13, O::Empty),
+            j(16, O::Empty),
+            j(17, O::Empty),
+            j(18, O::Empty),
+            j(19, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.ServiceStatus",
@@ -6178,18 +8280,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 2, K::M(1167), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.SessionAffinityConfig",
         S::Plain,
         &[f("clientIP", 1, K::M(371), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.SleepAction",
         S::Plain,
         &[f("seconds", 1, K::I64, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.StorageOSPersistentVolumeSource",
@@ -6202,6 +8307,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretRef", 5, K::M(477), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.StorageOSVolumeSource",
@@ -6214,6 +8326,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretRef", 5, K::M(447), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.Sysctl",
@@ -6223,6 +8342,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("value", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.TCPSocketAction",
@@ -6232,6 +8352,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("host", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.Taint",
@@ -6243,6 +8364,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("timeAdded", 4, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.Toleration",
@@ -6255,6 +8382,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("tolerationSeconds", 5, K::I64, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.TopologySelectorLabelRequirement",
@@ -6264,6 +8398,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("values", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.TopologySelectorTerm",
@@ -6276,6 +8411,7 @@ pub static MESSAGES: [Message; 1224] = [
             P::Always,
         )],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.TopologySpreadConstraint",
@@ -6291,6 +8427,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchLabelKeys", 8, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.TypedLocalObjectReference",
@@ -6301,6 +8447,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.TypedObjectReference",
@@ -6312,6 +8459,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespace", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.Volume",
@@ -6321,6 +8474,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(591), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.VolumeDevice",
@@ -6330,6 +8484,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("devicePath", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.VolumeMount",
@@ -6344,6 +8499,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("recursiveReadOnly", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(6, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.VolumeMountStatus",
@@ -6356,12 +8520,20 @@ pub static MESSAGES: [Message; 1224] = [
             f("volumeStatus", 5, K::M(592), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.VolumeNodeAffinity",
         S::Plain,
         &[f("required", 1, K::M(469), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.VolumeProjection",
@@ -6375,6 +8547,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("podCertificate", 6, K::M(496), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.VolumeResourceRequirements",
@@ -6384,6 +8564,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("requests", 2, K::M(1159), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.VolumeSource",
@@ -6421,12 +8602,45 @@ pub static MESSAGES: [Message; 1224] = [
             f("image", 30, K::M(434), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(15, O::Empty),
+            j(16, O::Empty),
+            j(17, O::Empty),
+            j(18, O::Empty),
+            j(19, O::Empty),
+            j(20, O::Empty),
+            j(21, O::Empty),
+            j(22, O::Empty),
+            j(25, O::Empty),
+            j(23, O::Empty),
+            j(24, O::Empty),
+            j(26, O::Empty),
+            j(27, O::Empty),
+            j(28, O::Empty),
+            j(29, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.VolumeStatus",
         S::Plain,
         &[f("image", 1, K::M(435), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.core.v1.VsphereVirtualDiskVolumeSource",
@@ -6438,6 +8652,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("storagePolicyID", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.core.v1.WeightedPodAffinityTerm",
@@ -6447,6 +8667,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("podAffinityTerm", 2, K::M(493), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.core.v1.WindowsSecurityContextOptions",
@@ -6458,6 +8679,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("hostProcess", 4, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.discovery.v1.Endpoint",
@@ -6473,6 +8700,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("hints", 8, K::M(598), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.discovery.v1.EndpointConditions",
@@ -6483,6 +8720,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminating", 3, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.discovery.v1.EndpointHints",
@@ -6492,6 +8730,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("forNodes", 2, K::M(602), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.discovery.v1.EndpointPort",
@@ -6503,6 +8742,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("appProtocol", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.discovery.v1.EndpointSlice",
@@ -6514,6 +8759,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("addressType", 4, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(3, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.discovery.v1.EndpointSliceList",
@@ -6523,18 +8775,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(600), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.discovery.v1.ForNode",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.discovery.v1.ForZone",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.discovery.v1beta1.Endpoint",
@@ -6549,6 +8804,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("hints", 7, K::M(606), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.discovery.v1beta1.EndpointConditions",
@@ -6559,6 +8823,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminating", 3, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.discovery.v1beta1.EndpointHints",
@@ -6568,6 +8833,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("forNodes", 2, K::M(610), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.discovery.v1beta1.EndpointPort",
@@ -6579,6 +8845,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("appProtocol", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.discovery.v1beta1.EndpointSlice",
@@ -6590,6 +8862,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("addressType", 4, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(3, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.discovery.v1beta1.EndpointSliceList",
@@ -6599,18 +8878,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(608), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.discovery.v1beta1.ForNode",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.discovery.v1beta1.ForZone",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.events.v1.Event",
@@ -6639,6 +8921,24 @@ pub static MESSAGES: [Message; 1224] = [
             f("deprecatedCount", 15, K::I32, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Never),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Never),
+            j(12, O::Never),
+            j(13, O::Never),
+            j(14, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.events.v1.EventList",
@@ -6648,6 +8948,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(612), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.events.v1.EventSeries",
@@ -6657,6 +8958,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastObservedTime", 2, K::M(1186), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.events.v1beta1.Event",
@@ -6685,6 +8987,24 @@ pub static MESSAGES: [Message; 1224] = [
             f("deprecatedCount", 15, K::I32, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Never),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Never),
+            j(12, O::Never),
+            j(13, O::Never),
+            j(14, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.events.v1beta1.EventList",
@@ -6694,6 +9014,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(615), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.events.v1beta1.EventSeries",
@@ -6703,6 +9024,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastObservedTime", 2, K::M(1186), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DaemonSet",
@@ -6713,6 +9035,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(622), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DaemonSetCondition",
@@ -6725,6 +9048,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DaemonSetList",
@@ -6734,6 +9064,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(618), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DaemonSetSpec",
@@ -6747,6 +9078,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("revisionHistoryLimit", 6, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DaemonSetStatus",
@@ -6764,6 +9103,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 10, K::M(619), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DaemonSetUpdateStrategy",
@@ -6773,6 +9124,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(658), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.Deployment",
@@ -6783,6 +9135,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(629), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DeploymentCondition",
@@ -6796,6 +9149,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("lastTransitionTime", 7, K::M(1201), C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DeploymentList",
@@ -6805,6 +9166,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(624), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DeploymentRollback",
@@ -6815,6 +9177,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollbackTo", 3, K::M(657), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DeploymentSpec",
@@ -6831,6 +9194,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("progressDeadlineSeconds", 9, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DeploymentStatus",
@@ -6847,6 +9221,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminatingReplicas", 9, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(6, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(8, O::Empty),
+            j(5, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.DeploymentStrategy",
@@ -6856,6 +9241,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rollingUpdate", 2, K::M(659), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.HTTPIngressPath",
@@ -6866,12 +9252,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("pathType", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(2, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.HTTPIngressRuleValue",
         S::Plain,
         &[f("paths", 1, K::M(631), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IPBlock",
@@ -6881,6 +9269,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("except", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.Ingress",
@@ -6891,6 +9280,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(643), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressBackend",
@@ -6901,6 +9291,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resource", 3, K::M(582), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressList",
@@ -6910,6 +9301,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(634), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressLoadBalancerIngress",
@@ -6920,12 +9312,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("ports", 4, K::M(639), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressLoadBalancerStatus",
         S::Plain,
         &[f("ingress", 1, K::M(637), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressPortStatus",
@@ -6936,6 +9330,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("error", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressRule",
@@ -6945,12 +9340,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(641), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressRuleValue",
         S::Plain,
         &[f("http", 1, K::M(632), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressSpec",
@@ -6962,12 +9359,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("ingressClassName", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(3, O::Empty),
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressStatus",
         S::Plain,
         &[f("loadBalancer", 1, K::M(638), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.IngressTLS",
@@ -6977,6 +9381,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretName", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.NetworkPolicy",
@@ -6986,6 +9391,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(651), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.NetworkPolicyEgressRule",
@@ -6995,6 +9401,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("to", 2, K::M(649), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.NetworkPolicyIngressRule",
@@ -7004,6 +9411,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("from", 2, K::M(649), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.NetworkPolicyList",
@@ -7013,6 +9421,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(645), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.NetworkPolicyPeer",
@@ -7023,6 +9432,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("ipBlock", 3, K::M(633), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.NetworkPolicyPort",
@@ -7033,6 +9443,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("endPort", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.NetworkPolicySpec",
@@ -7044,6 +9455,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("policyTypes", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.ReplicaSet",
@@ -7054,6 +9471,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(656), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.ReplicaSetCondition",
@@ -7066,6 +9484,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.ReplicaSetList",
@@ -7075,6 +9500,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(652), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.ReplicaSetSpec",
@@ -7086,6 +9512,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("minReadySeconds", 4, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(3, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.ReplicaSetStatus",
@@ -7100,12 +9532,22 @@ pub static MESSAGES: [Message; 1224] = [
             f("terminatingReplicas", 7, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(6, O::Empty),
+            j(2, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.RollbackConfig",
         S::Plain,
         &[f("revision", 1, K::I64, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.RollingUpdateDaemonSet",
@@ -7115,6 +9557,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxSurge", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.RollingUpdateDeployment",
@@ -7124,6 +9567,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("maxSurge", 2, K::M(1211), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.Scale",
@@ -7134,12 +9578,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(662), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.ScaleSpec",
         S::Plain,
         &[f("replicas", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.extensions.v1beta1.ScaleStatus",
@@ -7150,6 +9596,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("targetSelector", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.ExemptPriorityLevelConfiguration",
@@ -7159,12 +9606,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("lendablePercent", 2, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.FlowDistinguisherMethod",
         S::Plain,
         &[f("type", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.FlowSchema",
@@ -7175,6 +9624,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(669), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.FlowSchemaCondition",
@@ -7187,6 +9637,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.FlowSchemaList",
@@ -7196,6 +9653,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(665), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.FlowSchemaSpec",
@@ -7213,18 +9671,26 @@ pub static MESSAGES: [Message; 1224] = [
             f("rules", 4, K::M(674), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.FlowSchemaStatus",
         S::Plain,
         &[f("conditions", 1, K::M(666), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.GroupSubject",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.LimitResponse",
@@ -7234,6 +9700,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("queuing", 2, K::M(681), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.LimitedPriorityLevelConfiguration",
@@ -7245,6 +9712,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("borrowingLimitPercent", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.NonResourcePolicyRule",
@@ -7254,6 +9727,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 6, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.PolicyRulesWithSubjects",
@@ -7264,6 +9738,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceRules", 3, K::M(673), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.PriorityLevelConfiguration",
@@ -7274,6 +9749,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(680), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.PriorityLevelConfigurationCondition",
@@ -7286,6 +9762,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.PriorityLevelConfigurationList",
@@ -7295,12 +9778,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(675), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.PriorityLevelConfigurationReference",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.PriorityLevelConfigurationSpec",
@@ -7311,12 +9796,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("exempt", 3, K::M(663), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.PriorityLevelConfigurationStatus",
         S::Plain,
         &[f("conditions", 1, K::M(676), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.QueuingConfiguration",
@@ -7327,6 +9814,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("queueLengthLimit", 3, K::I32, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.ResourcePolicyRule",
@@ -7339,6 +9827,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespaces", 5, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.ServiceAccountSubject",
@@ -7348,6 +9843,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.Subject",
@@ -7359,12 +9855,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("serviceAccount", 4, K::M(683), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1.UserSubject",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.ExemptPriorityLevelConfiguration",
@@ -7374,12 +9877,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("lendablePercent", 2, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.FlowDistinguisherMethod",
         S::Plain,
         &[f("type", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.FlowSchema",
@@ -7390,6 +9895,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(692), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.FlowSchemaCondition",
@@ -7402,6 +9908,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.FlowSchemaList",
@@ -7411,6 +9924,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(688), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.FlowSchemaSpec",
@@ -7428,18 +9942,26 @@ pub static MESSAGES: [Message; 1224] = [
             f("rules", 4, K::M(697), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.FlowSchemaStatus",
         S::Plain,
         &[f("conditions", 1, K::M(689), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.GroupSubject",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.LimitResponse",
@@ -7449,6 +9971,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("queuing", 2, K::M(704), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.LimitedPriorityLevelConfiguration",
@@ -7460,6 +9983,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("borrowingLimitPercent", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.NonResourcePolicyRule",
@@ -7469,6 +9998,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 6, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.PolicyRulesWithSubjects",
@@ -7479,6 +10009,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceRules", 3, K::M(696), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.PriorityLevelConfiguration",
@@ -7489,6 +10020,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(703), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.PriorityLevelConfigurationCondition",
@@ -7501,6 +10033,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.PriorityLevelConfigurationList",
@@ -7510,12 +10049,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(698), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.PriorityLevelConfigurationReference",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.PriorityLevelConfigurationSpec",
@@ -7526,12 +10067,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("exempt", 3, K::M(686), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.PriorityLevelConfigurationStatus",
         S::Plain,
         &[f("conditions", 1, K::M(699), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.QueuingConfiguration",
@@ -7542,6 +10085,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("queueLengthLimit", 3, K::I32, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.ResourcePolicyRule",
@@ -7554,6 +10098,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespaces", 5, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.ServiceAccountSubject",
@@ -7563,6 +10114,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.Subject",
@@ -7574,12 +10126,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("serviceAccount", 4, K::M(706), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta1.UserSubject",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.ExemptPriorityLevelConfiguration",
@@ -7589,12 +10148,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("lendablePercent", 2, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.FlowDistinguisherMethod",
         S::Plain,
         &[f("type", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.FlowSchema",
@@ -7605,6 +10166,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(715), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.FlowSchemaCondition",
@@ -7617,6 +10179,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.FlowSchemaList",
@@ -7626,6 +10195,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(711), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.FlowSchemaSpec",
@@ -7643,18 +10213,26 @@ pub static MESSAGES: [Message; 1224] = [
             f("rules", 4, K::M(720), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.FlowSchemaStatus",
         S::Plain,
         &[f("conditions", 1, K::M(712), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.GroupSubject",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.LimitResponse",
@@ -7664,6 +10242,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("queuing", 2, K::M(727), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.LimitedPriorityLevelConfiguration",
@@ -7675,6 +10254,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("borrowingLimitPercent", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.NonResourcePolicyRule",
@@ -7684,6 +10269,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 6, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.PolicyRulesWithSubjects",
@@ -7694,6 +10280,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceRules", 3, K::M(719), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.PriorityLevelConfiguration",
@@ -7704,6 +10291,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(726), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.PriorityLevelConfigurationCondition",
@@ -7716,6 +10304,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.PriorityLevelConfigurationList",
@@ -7725,12 +10320,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(721), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.PriorityLevelConfigurationReference",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.PriorityLevelConfigurationSpec",
@@ -7741,12 +10338,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("exempt", 3, K::M(709), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.PriorityLevelConfigurationStatus",
         S::Plain,
         &[f("conditions", 1, K::M(722), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.QueuingConfiguration",
@@ -7757,6 +10356,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("queueLengthLimit", 3, K::I32, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.ResourcePolicyRule",
@@ -7769,6 +10369,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespaces", 5, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.ServiceAccountSubject",
@@ -7778,6 +10385,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.Subject",
@@ -7789,12 +10397,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("serviceAccount", 4, K::M(729), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta2.UserSubject",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.ExemptPriorityLevelConfiguration",
@@ -7804,12 +10419,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("lendablePercent", 2, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.FlowDistinguisherMethod",
         S::Plain,
         &[f("type", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.FlowSchema",
@@ -7820,6 +10437,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(738), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.FlowSchemaCondition",
@@ -7832,6 +10450,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.FlowSchemaList",
@@ -7841,6 +10466,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(734), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.FlowSchemaSpec",
@@ -7858,18 +10484,26 @@ pub static MESSAGES: [Message; 1224] = [
             f("rules", 4, K::M(743), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.FlowSchemaStatus",
         S::Plain,
         &[f("conditions", 1, K::M(735), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.GroupSubject",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.LimitResponse",
@@ -7879,6 +10513,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("queuing", 2, K::M(750), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.LimitedPriorityLevelConfiguration",
@@ -7890,6 +10525,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("borrowingLimitPercent", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.NonResourcePolicyRule",
@@ -7899,6 +10540,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 6, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.PolicyRulesWithSubjects",
@@ -7909,6 +10551,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceRules", 3, K::M(742), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.PriorityLevelConfiguration",
@@ -7919,6 +10562,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(749), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.PriorityLevelConfigurationCondition",
@@ -7931,6 +10575,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.PriorityLevelConfigurationList",
@@ -7940,12 +10591,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(744), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.PriorityLevelConfigurationReference",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.PriorityLevelConfigurationSpec",
@@ -7956,12 +10609,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("exempt", 3, K::M(732), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.PriorityLevelConfigurationStatus",
         S::Plain,
         &[f("conditions", 1, K::M(745), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.QueuingConfiguration",
@@ -7972,6 +10627,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("queueLengthLimit", 3, K::I32, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.ResourcePolicyRule",
@@ -7984,6 +10640,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespaces", 5, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.ServiceAccountSubject",
@@ -7993,6 +10656,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.Subject",
@@ -8004,12 +10668,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("serviceAccount", 4, K::M(752), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.flowcontrol.v1beta3.UserSubject",
         S::Plain,
         &[f("name", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.imagepolicy.v1alpha1.ImageReview",
@@ -8020,12 +10691,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(758), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.imagepolicy.v1alpha1.ImageReviewContainerSpec",
         S::Plain,
         &[f("image", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.imagepolicy.v1alpha1.ImageReviewSpec",
@@ -8036,6 +10709,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespace", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.imagepolicy.v1alpha1.ImageReviewStatus",
@@ -8046,6 +10720,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("auditAnnotations", 3, K::Str, C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.HTTPIngressPath",
@@ -8056,12 +10731,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("pathType", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(2, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.HTTPIngressRuleValue",
         S::Plain,
         &[f("paths", 1, K::M(759), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IPAddress",
@@ -8071,6 +10748,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(763), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IPAddressList",
@@ -8080,12 +10758,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(761), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IPAddressSpec",
         S::Plain,
         &[f("parentRef", 1, K::M(788), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.IPBlock",
@@ -8095,6 +10775,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("except", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.Ingress",
@@ -8105,6 +10786,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(779), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressBackend",
@@ -8114,6 +10796,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("service", 4, K::M(777), C::One, P::IfSet),
         ],
         &[],
+        &[j(1, O::Empty), j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressClass",
@@ -8123,6 +10806,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(770), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressClassList",
@@ -8132,6 +10816,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(767), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressClassParametersReference",
@@ -8144,6 +10829,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespace", 5, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.networking.v1.IngressClassSpec",
@@ -8153,6 +10845,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameters", 2, K::M(769), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressList",
@@ -8162,6 +10855,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(765), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressLoadBalancerIngress",
@@ -8172,12 +10866,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("ports", 4, K::M(774), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressLoadBalancerStatus",
         S::Plain,
         &[f("ingress", 1, K::M(772), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressPortStatus",
@@ -8188,6 +10884,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("error", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressRule",
@@ -8197,12 +10894,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(776), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressRuleValue",
         S::Plain,
         &[f("http", 1, K::M(760), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressServiceBackend",
@@ -8212,6 +10911,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("port", 2, K::M(789), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressSpec",
@@ -8223,12 +10923,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("ingressClassName", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(3, O::Empty),
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.networking.v1.IngressStatus",
         S::Plain,
         &[f("loadBalancer", 1, K::M(773), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.IngressTLS",
@@ -8238,6 +10945,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretName", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.NetworkPolicy",
@@ -8247,6 +10955,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(787), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.NetworkPolicyEgressRule",
@@ -8256,6 +10965,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("to", 2, K::M(785), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.NetworkPolicyIngressRule",
@@ -8265,6 +10975,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("from", 2, K::M(785), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.NetworkPolicyList",
@@ -8274,6 +10985,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(781), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.NetworkPolicyPeer",
@@ -8284,6 +10996,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("ipBlock", 3, K::M(764), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.NetworkPolicyPort",
@@ -8294,6 +11007,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("endPort", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.NetworkPolicySpec",
@@ -8305,6 +11019,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("policyTypes", 4, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.networking.v1.ParentReference",
@@ -8316,6 +11036,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.networking.v1.ServiceBackendPort",
@@ -8325,6 +11051,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("number", 2, K::I32, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.ServiceCIDR",
@@ -8335,6 +11062,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(793), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.ServiceCIDRList",
@@ -8344,18 +11072,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(790), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1.ServiceCIDRSpec",
         S::Plain,
         &[f("cidrs", 1, K::Str, C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1.ServiceCIDRStatus",
         S::Plain,
         &[f("conditions", 1, K::M(1167), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.HTTPIngressPath",
@@ -8366,12 +11097,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("pathType", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(2, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.HTTPIngressRuleValue",
         S::Plain,
         &[f("paths", 1, K::M(794), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IPAddress",
@@ -8381,6 +11114,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(798), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IPAddressList",
@@ -8390,12 +11124,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(796), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IPAddressSpec",
         S::Plain,
         &[f("parentRef", 1, K::M(814), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.Ingress",
@@ -8406,6 +11142,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(812), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressBackend",
@@ -8416,6 +11153,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resource", 3, K::M(582), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressClass",
@@ -8425,6 +11163,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(804), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressClassList",
@@ -8434,6 +11173,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(801), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressClassParametersReference",
@@ -8446,6 +11186,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespace", 5, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressClassSpec",
@@ -8455,6 +11202,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameters", 2, K::M(803), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressList",
@@ -8464,6 +11212,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(799), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressLoadBalancerIngress",
@@ -8474,12 +11223,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("ports", 4, K::M(808), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressLoadBalancerStatus",
         S::Plain,
         &[f("ingress", 1, K::M(806), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressPortStatus",
@@ -8490,6 +11241,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("error", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressRule",
@@ -8499,12 +11251,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(810), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressRuleValue",
         S::Plain,
         &[f("http", 1, K::M(795), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressSpec",
@@ -8516,12 +11270,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("ingressClassName", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(3, O::Empty),
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressStatus",
         S::Plain,
         &[f("loadBalancer", 1, K::M(807), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.IngressTLS",
@@ -8531,6 +11292,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("secretName", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.ParentReference",
@@ -8542,6 +11304,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.networking.v1beta1.ServiceCIDR",
@@ -8552,6 +11320,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(818), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.ServiceCIDRList",
@@ -8561,24 +11330,28 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(815), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.ServiceCIDRSpec",
         S::Plain,
         &[f("cidrs", 1, K::Str, C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.networking.v1beta1.ServiceCIDRStatus",
         S::Plain,
         &[f("conditions", 1, K::M(1167), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.node.v1.Overhead",
         S::Plain,
         &[f("podFixed", 1, K::M(1159), C::Map, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.node.v1.RuntimeClass",
@@ -8590,6 +11363,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("scheduling", 4, K::M(822), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.node.v1.RuntimeClassList",
@@ -8599,6 +11379,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(820), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.node.v1.Scheduling",
@@ -8608,12 +11389,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("tolerations", 2, K::M(578), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.node.v1alpha1.Overhead",
         S::Plain,
         &[f("podFixed", 1, K::M(1159), C::Map, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.node.v1alpha1.RuntimeClass",
@@ -8623,6 +11406,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(826), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.node.v1alpha1.RuntimeClassList",
@@ -8632,6 +11416,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(824), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.node.v1alpha1.RuntimeClassSpec",
@@ -8642,6 +11427,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("scheduling", 3, K::M(827), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.node.v1alpha1.Scheduling",
@@ -8651,12 +11437,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("tolerations", 2, K::M(578), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.node.v1beta1.Overhead",
         S::Plain,
         &[f("podFixed", 1, K::M(1159), C::Map, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.node.v1beta1.RuntimeClass",
@@ -8668,6 +11456,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("scheduling", 4, K::M(831), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.node.v1beta1.RuntimeClassList",
@@ -8677,6 +11472,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(829), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.node.v1beta1.Scheduling",
@@ -8686,6 +11482,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("tolerations", 2, K::M(578), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.policy.v1.Eviction",
@@ -8695,6 +11492,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("deleteOptions", 2, K::M(1169), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.policy.v1.PodDisruptionBudget",
@@ -8705,6 +11503,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(836), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.policy.v1.PodDisruptionBudgetList",
@@ -8714,6 +11513,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(833), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.policy.v1.PodDisruptionBudgetSpec",
@@ -8725,6 +11525,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("unhealthyPodEvictionPolicy", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.policy.v1.PodDisruptionBudgetStatus",
@@ -8739,6 +11545,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 7, K::M(1167), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.policy.v1beta1.Eviction",
@@ -8748,6 +11563,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("deleteOptions", 2, K::M(1169), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.policy.v1beta1.PodDisruptionBudget",
@@ -8758,6 +11574,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(841), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.policy.v1beta1.PodDisruptionBudgetList",
@@ -8767,6 +11584,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(838), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.policy.v1beta1.PodDisruptionBudgetSpec",
@@ -8778,6 +11596,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("unhealthyPodEvictionPolicy", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.policy.v1beta1.PodDisruptionBudgetStatus",
@@ -8792,6 +11616,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("conditions", 7, K::M(1167), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.rbac.v1.AggregationRule",
@@ -8804,6 +11637,7 @@ pub static MESSAGES: [Message; 1224] = [
             P::Always,
         )],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.rbac.v1.ClusterRole",
@@ -8814,6 +11648,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("aggregationRule", 3, K::M(842), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.rbac.v1.ClusterRoleBinding",
@@ -8824,6 +11659,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("roleRef", 3, K::M(852), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1.ClusterRoleBindingList",
@@ -8833,6 +11669,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(844), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1.ClusterRoleList",
@@ -8842,6 +11679,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(843), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1.PolicyRule",
@@ -8854,6 +11692,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 5, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.rbac.v1.Role",
@@ -8863,6 +11708,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rules", 2, K::M(847), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1.RoleBinding",
@@ -8873,6 +11719,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("roleRef", 3, K::M(852), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1.RoleBindingList",
@@ -8882,6 +11729,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(849), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1.RoleList",
@@ -8891,6 +11739,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(848), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1.RoleRef",
@@ -8901,6 +11750,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1.Subject",
@@ -8912,6 +11762,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespace", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.AggregationRule",
@@ -8924,6 +11780,7 @@ pub static MESSAGES: [Message; 1224] = [
             P::Always,
         )],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.ClusterRole",
@@ -8934,6 +11791,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("aggregationRule", 3, K::M(854), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.ClusterRoleBinding",
@@ -8944,6 +11802,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("roleRef", 3, K::M(864), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.ClusterRoleBindingList",
@@ -8953,6 +11812,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(856), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.ClusterRoleList",
@@ -8962,6 +11822,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(855), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.PolicyRule",
@@ -8974,6 +11835,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 6, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.Role",
@@ -8983,6 +11851,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rules", 2, K::M(859), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.RoleBinding",
@@ -8993,6 +11862,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("roleRef", 3, K::M(864), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.RoleBindingList",
@@ -9002,6 +11872,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(861), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.RoleList",
@@ -9011,6 +11882,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(860), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.RoleRef",
@@ -9021,6 +11893,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1alpha1.Subject",
@@ -9032,6 +11905,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespace", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.AggregationRule",
@@ -9044,6 +11923,7 @@ pub static MESSAGES: [Message; 1224] = [
             P::Always,
         )],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.ClusterRole",
@@ -9054,6 +11934,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("aggregationRule", 3, K::M(866), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.ClusterRoleBinding",
@@ -9064,6 +11945,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("roleRef", 3, K::M(876), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.ClusterRoleBindingList",
@@ -9073,6 +11955,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(868), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.ClusterRoleList",
@@ -9082,6 +11965,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(867), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.PolicyRule",
@@ -9094,6 +11978,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("nonResourceURLs", 5, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.Role",
@@ -9103,6 +11994,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("rules", 2, K::M(871), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.RoleBinding",
@@ -9113,6 +12005,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("roleRef", 3, K::M(876), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.RoleBindingList",
@@ -9122,6 +12015,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(873), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.RoleList",
@@ -9131,6 +12025,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(872), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.RoleRef",
@@ -9141,6 +12036,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.rbac.v1beta1.Subject",
@@ -9152,6 +12048,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("namespace", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.AllocatedDeviceStatus",
@@ -9166,6 +12068,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("shareID", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(6, O::Empty),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.AllocationResult",
@@ -9176,12 +12087,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("allocationTimestamp", 5, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.CELDeviceSelector",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.CapacityRequestPolicy",
@@ -9192,6 +12105,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("validRange", 4, K::M(882), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.CapacityRequestPolicyRange",
@@ -9202,18 +12116,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("step", 3, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.CapacityRequirements",
         S::Plain,
         &[f("requests", 1, K::M(1159), C::Map, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.Counter",
         S::Plain,
         &[f("value", 1, K::M(1159), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.CounterSet",
@@ -9223,6 +12140,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("counters", 2, K::M(884), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.Device",
@@ -9255,6 +12173,21 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceAllocationConfiguration",
@@ -9265,6 +12198,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 3, K::M(897), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceAllocationResult",
@@ -9274,6 +12208,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("config", 2, K::M(887), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceAttribute",
@@ -9289,6 +12224,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("versions", 9, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceCapacity",
@@ -9298,6 +12243,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("requestPolicy", 2, K::M(881), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceClaim",
@@ -9308,6 +12254,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("config", 3, K::M(892), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceClaimConfiguration",
@@ -9317,6 +12264,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(897), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceClass",
@@ -9326,12 +12274,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(896), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceClassConfiguration",
         S::Plain,
         &[f("", 1, K::M(897), C::One, P::Inline)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceClassList",
@@ -9341,6 +12291,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(893), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceClassSpec",
@@ -9351,12 +12302,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("extendedResourceName", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceConfiguration",
         S::Plain,
         &[f("opaque", 1, K::M(909), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceConstraint",
@@ -9367,6 +12320,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("distinctAttribute", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceCounterConsumption",
@@ -9376,6 +12330,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("counters", 2, K::M(884), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceRequest",
@@ -9386,6 +12341,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("firstAvailable", 3, K::M(903), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceRequestAllocationResult",
@@ -9409,12 +12365,25 @@ pub static MESSAGES: [Message; 1224] = [
             f("consumedCapacity", 10, K::M(1159), C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceSelector",
         S::Plain,
         &[f("cel", 1, K::M(880), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceSubRequest",
@@ -9429,6 +12398,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("capacity", 7, K::M(883), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceTaint",
@@ -9440,6 +12418,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("timeAdded", 4, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.DeviceToleration",
@@ -9452,6 +12436,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("tolerationSeconds", 5, K::I64, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.ExactDeviceRequest",
@@ -9466,6 +12457,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("capacity", 7, K::M(883), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.NetworkDeviceData",
@@ -9476,6 +12476,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("hardwareAddress", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.NodeAllocatableResourceMapping",
@@ -9485,6 +12486,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("allocationMultiplier", 2, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.OpaqueDeviceConfiguration",
@@ -9494,6 +12496,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameters", 2, K::M(1208), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceClaim",
@@ -9504,6 +12507,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(914), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceClaimConsumerReference",
@@ -9515,6 +12519,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("uid", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceClaimList",
@@ -9524,12 +12534,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(910), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceClaimSpec",
         S::Plain,
         &[f("devices", 1, K::M(891), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceClaimStatus",
@@ -9540,6 +12552,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("devices", 4, K::M(878), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceClaimTemplate",
@@ -9549,6 +12562,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(917), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceClaimTemplateList",
@@ -9558,6 +12572,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(915), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceClaimTemplateSpec",
@@ -9567,6 +12582,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(913), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourcePool",
@@ -9577,6 +12593,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceSliceCount", 3, K::I64, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceSlice",
@@ -9586,6 +12603,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(921), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceSliceList",
@@ -9595,6 +12613,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(919), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1.ResourceSliceSpec",
@@ -9610,18 +12629,30 @@ pub static MESSAGES: [Message; 1224] = [
             f("sharedCounters", 8, K::M(885), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.CELDeviceSelector",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.DeviceSelector",
         S::Plain,
         &[f("cel", 1, K::M(922), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.DeviceTaint",
@@ -9633,6 +12664,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("timeAdded", 4, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.DeviceTaintRule",
@@ -9643,6 +12680,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(928), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.DeviceTaintRuleList",
@@ -9652,6 +12690,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(925), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.DeviceTaintRuleSpec",
@@ -9661,12 +12700,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("taint", 2, K::M(924), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.DeviceTaintRuleStatus",
         S::Plain,
         &[f("conditions", 1, K::M(1167), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.DeviceTaintSelector",
@@ -9677,6 +12718,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("device", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.PoolStatus",
@@ -9694,6 +12736,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("validationError", 10, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(8, O::Never),
+            j(7, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(2, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.ResourcePoolStatusRequest",
@@ -9704,6 +12758,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(934), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.ResourcePoolStatusRequestList",
@@ -9713,6 +12768,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(931), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.ResourcePoolStatusRequestSpec",
@@ -9723,6 +12779,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("limit", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1alpha3.ResourcePoolStatusRequestStatus",
@@ -9733,6 +12790,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("poolCount", 6, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(2, O::Empty), j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.AllocatedDeviceStatus",
@@ -9747,6 +12805,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("shareID", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(6, O::Empty),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.AllocationResult",
@@ -9757,6 +12824,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("allocationTimestamp", 5, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.BasicDevice",
@@ -9788,12 +12856,27 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.CELDeviceSelector",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.CapacityRequestPolicy",
@@ -9804,6 +12887,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("validRange", 4, K::M(940), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.CapacityRequestPolicyRange",
@@ -9814,18 +12898,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("step", 3, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.CapacityRequirements",
         S::Plain,
         &[f("requests", 1, K::M(1159), C::Map, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.Counter",
         S::Plain,
         &[f("value", 1, K::M(1159), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.CounterSet",
@@ -9835,6 +12922,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("counters", 2, K::M(942), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.Device",
@@ -9844,6 +12932,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("basic", 2, K::M(937), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceAllocationConfiguration",
@@ -9854,6 +12943,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 3, K::M(955), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceAllocationResult",
@@ -9863,6 +12953,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("config", 2, K::M(945), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceAttribute",
@@ -9878,6 +12969,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("versions", 9, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceCapacity",
@@ -9887,6 +12988,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("requestPolicy", 2, K::M(939), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceClaim",
@@ -9897,6 +12999,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("config", 3, K::M(950), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceClaimConfiguration",
@@ -9906,6 +13009,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(955), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceClass",
@@ -9915,12 +13019,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(954), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceClassConfiguration",
         S::Plain,
         &[f("", 1, K::M(955), C::One, P::Inline)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceClassList",
@@ -9930,6 +13036,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(951), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceClassSpec",
@@ -9940,12 +13047,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("extendedResourceName", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceConfiguration",
         S::Plain,
         &[f("opaque", 1, K::M(966), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceConstraint",
@@ -9956,6 +13065,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("distinctAttribute", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceCounterConsumption",
@@ -9965,6 +13075,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("counters", 2, K::M(942), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceRequest",
@@ -9981,6 +13092,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("capacity", 9, K::M(941), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceRequestAllocationResult",
@@ -10004,12 +13126,25 @@ pub static MESSAGES: [Message; 1224] = [
             f("consumedCapacity", 10, K::M(1159), C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceSelector",
         S::Plain,
         &[f("cel", 1, K::M(938), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceSubRequest",
@@ -10024,6 +13159,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("capacity", 8, K::M(941), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceTaint",
@@ -10035,6 +13179,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("timeAdded", 4, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.DeviceToleration",
@@ -10047,6 +13197,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("tolerationSeconds", 5, K::I64, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.NetworkDeviceData",
@@ -10057,6 +13214,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("hardwareAddress", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.NodeAllocatableResourceMapping",
@@ -10066,6 +13224,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("allocationMultiplier", 2, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.OpaqueDeviceConfiguration",
@@ -10075,6 +13234,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameters", 2, K::M(1208), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceClaim",
@@ -10085,6 +13245,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(971), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceClaimConsumerReference",
@@ -10096,6 +13257,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("uid", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceClaimList",
@@ -10105,12 +13272,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(967), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceClaimSpec",
         S::Plain,
         &[f("devices", 1, K::M(949), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceClaimStatus",
@@ -10121,6 +13290,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("devices", 4, K::M(935), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceClaimTemplate",
@@ -10130,6 +13300,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(974), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceClaimTemplateList",
@@ -10139,6 +13310,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(972), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceClaimTemplateSpec",
@@ -10148,6 +13320,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(970), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourcePool",
@@ -10158,6 +13331,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceSliceCount", 3, K::I64, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceSlice",
@@ -10167,6 +13341,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(978), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceSliceList",
@@ -10176,6 +13351,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(976), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta1.ResourceSliceSpec",
@@ -10191,6 +13367,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("sharedCounters", 8, K::M(943), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.AllocatedDeviceStatus",
@@ -10205,6 +13391,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("shareID", 7, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(6, O::Empty),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.AllocationResult",
@@ -10215,12 +13410,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("allocationTimestamp", 5, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.CELDeviceSelector",
         S::Plain,
         &[f("expression", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.CapacityRequestPolicy",
@@ -10231,6 +13428,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("validRange", 4, K::M(983), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.CapacityRequestPolicyRange",
@@ -10241,18 +13439,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("step", 3, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.CapacityRequirements",
         S::Plain,
         &[f("requests", 1, K::M(1159), C::Map, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.Counter",
         S::Plain,
         &[f("value", 1, K::M(1159), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.CounterSet",
@@ -10262,6 +13463,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("counters", 2, K::M(985), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.Device",
@@ -10294,6 +13496,21 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceAllocationConfiguration",
@@ -10304,6 +13521,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 3, K::M(998), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceAllocationResult",
@@ -10313,6 +13531,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("config", 2, K::M(988), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceAttribute",
@@ -10328,6 +13547,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("versions", 9, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceCapacity",
@@ -10337,6 +13566,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("requestPolicy", 2, K::M(982), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceClaim",
@@ -10347,6 +13577,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("config", 3, K::M(993), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceClaimConfiguration",
@@ -10356,6 +13587,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(998), C::One, P::Inline),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceClass",
@@ -10365,12 +13597,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(997), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceClassConfiguration",
         S::Plain,
         &[f("", 1, K::M(998), C::One, P::Inline)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceClassList",
@@ -10380,6 +13614,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(994), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceClassSpec",
@@ -10390,12 +13625,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("extendedResourceName", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceConfiguration",
         S::Plain,
         &[f("opaque", 1, K::M(1015), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceConstraint",
@@ -10406,6 +13643,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("distinctAttribute", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceCounterConsumption",
@@ -10415,6 +13653,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("counters", 2, K::M(985), C::Map, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceRequest",
@@ -10425,6 +13664,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("firstAvailable", 3, K::M(1004), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceRequestAllocationResult",
@@ -10448,12 +13688,25 @@ pub static MESSAGES: [Message; 1224] = [
             f("consumedCapacity", 10, K::M(1159), C::Map, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceSelector",
         S::Plain,
         &[f("cel", 1, K::M(981), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceSubRequest",
@@ -10468,6 +13721,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("capacity", 7, K::M(984), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceTaint",
@@ -10479,6 +13741,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("timeAdded", 4, K::M(1201), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceTaintRule",
@@ -10489,6 +13757,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1009), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceTaintRuleList",
@@ -10498,6 +13767,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1006), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceTaintRuleSpec",
@@ -10507,12 +13777,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("taint", 2, K::M(1005), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceTaintRuleStatus",
         S::Plain,
         &[f("conditions", 1, K::M(1167), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceTaintSelector",
@@ -10523,6 +13795,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("device", 4, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.DeviceToleration",
@@ -10535,6 +13808,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("tolerationSeconds", 5, K::I64, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ExactDeviceRequest",
@@ -10549,6 +13829,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("capacity", 7, K::M(984), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.NetworkDeviceData",
@@ -10559,6 +13848,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("hardwareAddress", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.NodeAllocatableResourceMapping",
@@ -10568,6 +13858,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("allocationMultiplier", 2, K::M(1159), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.OpaqueDeviceConfiguration",
@@ -10577,6 +13868,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameters", 2, K::M(1208), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceClaim",
@@ -10587,6 +13879,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1020), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceClaimConsumerReference",
@@ -10598,6 +13891,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("uid", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+        ],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceClaimList",
@@ -10607,12 +13906,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1016), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceClaimSpec",
         S::Plain,
         &[f("devices", 1, K::M(992), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceClaimStatus",
@@ -10623,6 +13924,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("devices", 4, K::M(979), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceClaimTemplate",
@@ -10632,6 +13934,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(1023), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceClaimTemplateList",
@@ -10641,6 +13944,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1021), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceClaimTemplateSpec",
@@ -10650,6 +13954,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(1019), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourcePool",
@@ -10660,6 +13965,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceSliceCount", 3, K::I64, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceSlice",
@@ -10669,6 +13975,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(1027), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceSliceList",
@@ -10678,6 +13985,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1025), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.resource.v1beta2.ResourceSliceSpec",
@@ -10693,6 +14001,16 @@ pub static MESSAGES: [Message; 1224] = [
             f("sharedCounters", 8, K::M(986), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.scheduling.v1.PriorityClass",
@@ -10705,6 +14023,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("preemptionPolicy", 5, K::Str, C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.scheduling.v1.PriorityClassList",
@@ -10714,10 +14040,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1028), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.BasicSchedulingPolicy",
         S::Plain,
+        &[],
         &[],
         &[],
     ),
@@ -10726,6 +14054,7 @@ pub static MESSAGES: [Message; 1224] = [
         S::Plain,
         &[f("minCount", 1, K::I32, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroup",
@@ -10736,6 +14065,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1039), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupList",
@@ -10745,6 +14075,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1032), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupResourceClaim",
@@ -10755,6 +14086,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceClaimTemplateName", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupResourceClaimStatus",
@@ -10764,12 +14096,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceClaimName", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupSchedulingConstraints",
         S::Plain,
         &[f("topology", 1, K::M(1042), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupSchedulingPolicy",
@@ -10779,6 +14113,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("gang", 2, K::M(1031), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupSpec",
@@ -10793,6 +14128,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("priority", 7, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupStatus",
@@ -10808,6 +14152,7 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupTemplate",
@@ -10822,18 +14167,29 @@ pub static MESSAGES: [Message; 1224] = [
             f("priority", 7, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.PodGroupTemplateReference",
         S::Plain,
         &[f("workload", 1, K::M(1046), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.TopologyConstraint",
         S::Plain,
         &[f("key", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.TypedLocalObjectReference",
@@ -10844,6 +14200,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("name", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.Workload",
@@ -10853,6 +14210,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(1047), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.WorkloadList",
@@ -10862,6 +14220,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1044), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.WorkloadPodGroupTemplateReference",
@@ -10871,6 +14230,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("podGroupTemplateName", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1alpha2.WorkloadSpec",
@@ -10880,6 +14240,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("podGroupTemplates", 2, K::M(1040), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.scheduling.v1beta1.PriorityClass",
@@ -10892,6 +14253,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("preemptionPolicy", 5, K::Str, C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.scheduling.v1beta1.PriorityClassList",
@@ -10901,6 +14270,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1048), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.CSIDriver",
@@ -10910,6 +14280,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(1052), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.CSIDriverList",
@@ -10919,6 +14290,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1050), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.CSIDriverSpec",
@@ -10955,6 +14327,19 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1.CSINode",
@@ -10964,6 +14349,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(1056), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.CSINodeDriver",
@@ -10975,6 +14361,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("allocatable", 4, K::M(1070), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1.CSINodeList",
@@ -10984,12 +14376,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1053), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.CSINodeSpec",
         S::Plain,
         &[f("drivers", 1, K::M(1054), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.CSIStorageCapacity",
@@ -11002,6 +14396,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("maximumVolumeSize", 5, K::M(1159), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1.CSIStorageCapacityList",
@@ -11011,6 +14413,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1057), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.StorageClass",
@@ -11026,6 +14429,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("allowedTopologies", 8, K::M(580), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1.StorageClassList",
@@ -11035,6 +14449,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1059), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.TokenRequest",
@@ -11044,6 +14459,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("expirationSeconds", 2, K::I64, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeAttachment",
@@ -11054,6 +14470,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1066), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeAttachmentList",
@@ -11063,6 +14480,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1062), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeAttachmentSource",
@@ -11072,6 +14490,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("inlineVolumeSpec", 2, K::M(488), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeAttachmentSpec",
@@ -11082,6 +14501,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nodeName", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeAttachmentStatus",
@@ -11093,6 +14513,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("detachError", 4, K::M(1069), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeAttributesClass",
@@ -11103,6 +14529,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameters", 3, K::Str, C::Map, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeAttributesClassList",
@@ -11112,6 +14539,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1067), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeError",
@@ -11122,12 +14550,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("errorCode", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1.VolumeNodeResources",
         S::Plain,
         &[f("count", 1, K::I32, C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.CSIStorageCapacity",
@@ -11140,6 +14570,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("maximumVolumeSize", 5, K::M(1159), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.CSIStorageCapacityList",
@@ -11149,6 +14587,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1071), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.VolumeAttachment",
@@ -11159,6 +14598,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1077), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.VolumeAttachmentList",
@@ -11168,6 +14608,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1073), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.VolumeAttachmentSource",
@@ -11177,6 +14618,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("inlineVolumeSpec", 2, K::M(488), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.VolumeAttachmentSpec",
@@ -11187,6 +14629,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nodeName", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.VolumeAttachmentStatus",
@@ -11198,6 +14641,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("detachError", 4, K::M(1080), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.VolumeAttributesClass",
@@ -11208,6 +14657,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameters", 3, K::Str, C::Map, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.VolumeAttributesClassList",
@@ -11217,6 +14667,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1078), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1alpha1.VolumeError",
@@ -11227,6 +14678,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("errorCode", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSIDriver",
@@ -11236,6 +14688,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(1083), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSIDriverList",
@@ -11245,6 +14698,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1081), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSIDriverSpec",
@@ -11281,6 +14735,19 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSINode",
@@ -11290,6 +14757,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("spec", 2, K::M(1087), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSINodeDriver",
@@ -11301,6 +14769,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("allocatable", 4, K::M(1101), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSINodeList",
@@ -11310,12 +14784,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1084), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSINodeSpec",
         S::Plain,
         &[f("drivers", 1, K::M(1085), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSIStorageCapacity",
@@ -11328,6 +14804,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("maximumVolumeSize", 5, K::M(1159), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1beta1.CSIStorageCapacityList",
@@ -11337,6 +14821,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1088), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.StorageClass",
@@ -11352,6 +14837,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("allowedTopologies", 8, K::M(580), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1beta1.StorageClassList",
@@ -11361,6 +14857,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1090), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.TokenRequest",
@@ -11370,6 +14867,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("expirationSeconds", 2, K::I64, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeAttachment",
@@ -11380,6 +14878,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1097), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeAttachmentList",
@@ -11389,6 +14888,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1093), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeAttachmentSource",
@@ -11398,6 +14898,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("inlineVolumeSpec", 2, K::M(488), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeAttachmentSpec",
@@ -11408,6 +14909,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nodeName", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeAttachmentStatus",
@@ -11419,6 +14921,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("detachError", 4, K::M(1100), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeAttributesClass",
@@ -11429,6 +14937,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("parameters", 3, K::Str, C::Map, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeAttributesClassList",
@@ -11438,6 +14947,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1098), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeError",
@@ -11448,12 +14958,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("errorCode", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.api.storage.v1beta1.VolumeNodeResources",
         S::Plain,
         &[f("count", 1, K::I32, C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.api.storagemigration.v1beta1.StorageVersionMigration",
@@ -11464,6 +14976,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1105), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.api.storagemigration.v1beta1.StorageVersionMigrationList",
@@ -11473,12 +14986,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1102), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.api.storagemigration.v1beta1.StorageVersionMigrationSpec",
         S::Plain,
         &[f("resource", 1, K::M(1175), C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.api.storagemigration.v1beta1.StorageVersionMigrationStatus",
@@ -11488,6 +15003,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceVersion", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.ConversionRequest",
@@ -11498,6 +15014,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("objects", 3, K::M(1208), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.ConversionResponse",
@@ -11508,6 +15025,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("result", 3, K::M(1197), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.ConversionReview",
@@ -11517,6 +15035,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("response", 2, K::M(1107), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceColumnDefinition",
@@ -11530,6 +15049,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("jsonPath", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Never),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceConversion",
@@ -11539,6 +15066,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("webhook", 2, K::M(1132), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition",
@@ -11549,6 +15077,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1116), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionCondition",
@@ -11562,6 +15091,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("observedGeneration", 6, K::I64, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionList",
@@ -11571,6 +15108,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1111), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionNames",
@@ -11584,6 +15122,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("categories", 6, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionSpec",
@@ -11597,6 +15143,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("preserveUnknownFields", 10, K::Bool, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionStatus",
@@ -11608,6 +15162,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("observedGeneration", 4, K::I64, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionVersion",
@@ -11630,6 +15190,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("selectableFields", 9, K::M(1128), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceSubresourceScale",
@@ -11640,10 +15211,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("labelSelectorPath", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceSubresourceStatus",
         S::Plain,
+        &[],
         &[],
         &[],
     ),
@@ -11655,12 +15228,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("scale", 2, K::M(1118), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceValidation",
         S::Plain,
         &[f("openAPIV3Schema", 1, K::M(1124), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.ExternalDocumentation",
@@ -11670,11 +15245,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("url", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.JSON",
         S::Unsupported,
         &[f("-", 1, K::Bytes, C::One, P::IfSet)],
+        &[],
         &[],
     ),
     m(
@@ -11751,6 +15328,52 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(15, O::Empty),
+            j(16, O::Empty),
+            j(17, O::Empty),
+            j(18, O::Empty),
+            j(19, O::Empty),
+            j(20, O::Empty),
+            j(21, O::Empty),
+            j(22, O::Empty),
+            j(23, O::Empty),
+            j(24, O::Empty),
+            j(25, O::Empty),
+            j(26, O::Empty),
+            j(27, O::Empty),
+            j(28, O::Empty),
+            j(29, O::Empty),
+            j(30, O::Empty),
+            j(31, O::Empty),
+            j(32, O::Empty),
+            j(33, O::Empty),
+            j(34, O::Empty),
+            j(35, O::Empty),
+            j(36, O::Empty),
+            j(37, O::Empty),
+            j(38, O::Empty),
+            j(39, O::Empty),
+            j(40, O::Empty),
+            j(41, O::Empty),
+            j(42, O::Empty),
+            j(43, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.JSONSchemaPropsOrArray",
@@ -11759,6 +15382,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 1, K::M(1124), C::One, P::IfSet),
             f("", 2, K::M(1124), C::Repeated, P::Always),
         ],
+        &[],
         &[],
     ),
     m(
@@ -11769,6 +15393,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(1124), C::One, P::IfSet),
         ],
         &[],
+        &[],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.JSONSchemaPropsOrStringArray",
@@ -11778,12 +15403,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.SelectableField",
         S::Plain,
         &[f("jsonPath", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.ServiceReference",
@@ -11795,6 +15422,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("port", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.ValidationRule",
@@ -11808,6 +15441,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("optionalOldSelf", 6, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.WebhookClientConfig",
@@ -11818,6 +15459,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("url", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(2, O::Empty), j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.WebhookConversion",
@@ -11833,6 +15475,7 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.ConversionRequest",
@@ -11843,6 +15486,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("objects", 3, K::M(1208), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.ConversionResponse",
@@ -11853,6 +15497,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("result", 3, K::M(1197), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.ConversionReview",
@@ -11862,6 +15507,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("response", 2, K::M(1134), C::One, P::IfSet),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceColumnDefinition",
@@ -11875,6 +15521,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("JSONPath", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Never),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceConversion",
@@ -11891,6 +15545,7 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceDefinition",
@@ -11901,6 +15556,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1143), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceDefinitionCondition",
@@ -11914,6 +15570,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("observedGeneration", 6, K::I64, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceDefinitionList",
@@ -11923,6 +15587,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1138), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceDefinitionNames",
@@ -11936,6 +15601,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("categories", 6, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceDefinitionSpec",
@@ -11960,6 +15633,19 @@ pub static MESSAGES: [Message; 1224] = [
             f("selectableFields", 11, K::M(1155), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(10, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceDefinitionStatus",
@@ -11971,6 +15657,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("observedGeneration", 4, K::I64, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceDefinitionVersion",
@@ -11993,6 +15685,17 @@ pub static MESSAGES: [Message; 1224] = [
             f("selectableFields", 9, K::M(1155), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(8, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceSubresourceScale",
@@ -12003,10 +15706,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("labelSelectorPath", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceSubresourceStatus",
         S::Plain,
+        &[],
         &[],
         &[],
     ),
@@ -12018,12 +15723,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("scale", 2, K::M(1145), C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.CustomResourceValidation",
         S::Plain,
         &[f("openAPIV3Schema", 1, K::M(1151), C::One, P::IfSet)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.ExternalDocumentation",
@@ -12033,11 +15740,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("url", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.JSON",
         S::Unsupported,
         &[f("-", 1, K::Bytes, C::One, P::IfSet)],
+        &[],
         &[],
     ),
     m(
@@ -12114,6 +15823,52 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+            j(15, O::Empty),
+            j(16, O::Empty),
+            j(17, O::Empty),
+            j(18, O::Empty),
+            j(19, O::Empty),
+            j(20, O::Empty),
+            j(21, O::Empty),
+            j(22, O::Empty),
+            j(23, O::Empty),
+            j(24, O::Empty),
+            j(25, O::Empty),
+            j(26, O::Empty),
+            j(27, O::Empty),
+            j(28, O::Empty),
+            j(29, O::Empty),
+            j(30, O::Empty),
+            j(31, O::Empty),
+            j(32, O::Empty),
+            j(33, O::Empty),
+            j(34, O::Empty),
+            j(35, O::Empty),
+            j(36, O::Empty),
+            j(37, O::Empty),
+            j(38, O::Empty),
+            j(39, O::Empty),
+            j(40, O::Empty),
+            j(41, O::Empty),
+            j(42, O::Empty),
+            j(43, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.JSONSchemaPropsOrArray",
@@ -12122,6 +15877,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 1, K::M(1151), C::One, P::IfSet),
             f("", 2, K::M(1151), C::Repeated, P::Always),
         ],
+        &[],
         &[],
     ),
     m(
@@ -12132,6 +15888,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::M(1151), C::One, P::IfSet),
         ],
         &[],
+        &[],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.JSONSchemaPropsOrStringArray",
@@ -12141,12 +15898,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.SelectableField",
         S::Plain,
         &[f("jsonPath", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.ServiceReference",
@@ -12158,6 +15917,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("port", 4, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.ValidationRule",
@@ -12171,6 +15936,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("optionalOldSelf", 6, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1beta1.WebhookClientConfig",
@@ -12181,17 +15954,20 @@ pub static MESSAGES: [Message; 1224] = [
             f("url", 3, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(2, O::Empty), j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.api.resource.Quantity",
         S::Quantity,
         &[f("string", 1, K::Str, C::One, P::Always)],
         &[],
+        &[],
     ),
     m(
         "k8s.io.apimachinery.pkg.api.resource.QuantityValue",
         S::Plain,
         &[f("string", 1, K::Str, C::One, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -12210,12 +15986,20 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.APIGroupList",
         S::Plain,
         &[f("groups", 1, K::M(1161), C::Repeated, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.APIResource",
@@ -12233,6 +16017,18 @@ pub static MESSAGES: [Message; 1224] = [
             f("storageVersionHash", 10, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(5, O::Never),
+            j(1, O::Never),
+            j(7, O::Empty),
+            j(8, O::Empty),
+            j(2, O::Never),
+            j(3, O::Never),
+            j(4, O::Empty),
+            j(6, O::Empty),
+            j(9, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.APIResourceList",
@@ -12242,6 +16038,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resources", 2, K::M(1163), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.APIVersions",
@@ -12257,6 +16054,7 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.ApplyOptions",
@@ -12267,6 +16065,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("fieldManager", 3, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.Condition",
@@ -12280,6 +16079,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Empty),
+            j(3, O::Never),
+            j(4, O::Never),
+            j(5, O::Never),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.CreateOptions",
@@ -12290,6 +16097,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("fieldValidation", 4, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.DeleteOptions",
@@ -12309,11 +16117,21 @@ pub static MESSAGES: [Message; 1224] = [
             ),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.Duration",
         S::Duration,
         &[f("", 1, K::I64, C::One, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -12325,11 +16143,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("values", 3, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.FieldsV1",
         S::FieldsV1,
         &[f("Raw", 1, K::Bytes, C::One, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -12337,6 +16157,7 @@ pub static MESSAGES: [Message; 1224] = [
         S::Plain,
         &[f("resourceVersion", 1, K::Str, C::One, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.GroupKind",
@@ -12346,6 +16167,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("kind", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.GroupResource",
@@ -12355,6 +16177,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resource", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.GroupVersion",
@@ -12364,6 +16187,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("version", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.GroupVersionForDiscovery",
@@ -12373,6 +16197,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("version", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.GroupVersionKind",
@@ -12383,6 +16208,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("kind", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.GroupVersionResource",
@@ -12393,6 +16219,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("resource", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.LabelSelector",
@@ -12402,6 +16229,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("matchExpressions", 2, K::M(1181), C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement",
@@ -12412,6 +16240,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("values", 3, K::Str, C::Repeated, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never), j(2, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.List",
@@ -12421,6 +16250,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1208), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.ListMeta",
@@ -12433,6 +16263,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("shardInfo", 5, K::M(1196), C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.ListOptions",
@@ -12451,6 +16288,20 @@ pub static MESSAGES: [Message; 1224] = [
             f("shardSelector", 15, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(7, O::Empty),
+            j(3, O::Empty),
+            j(8, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.ManagedFieldsEntry",
@@ -12465,6 +16316,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("subresource", 8, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.MicroTime",
@@ -12473,6 +16333,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("seconds", 1, K::I64, C::One, P::Always),
             f("nanos", 2, K::I32, C::One, P::Always),
         ],
+        &[],
         &[],
     ),
     m(
@@ -12496,6 +16357,23 @@ pub static MESSAGES: [Message; 1224] = [
             f("managedFields", 17, K::M(1185), C::Repeated, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+            j(6, O::Empty),
+            j(7, O::Zero),
+            j(8, O::Empty),
+            j(9, O::Empty),
+            j(10, O::Empty),
+            j(11, O::Empty),
+            j(12, O::Empty),
+            j(13, O::Empty),
+            j(14, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.OwnerReference",
@@ -12509,12 +16387,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("blockOwnerDeletion", 7, K::Bool, C::One, P::IfSet),
         ],
         &[],
+        &[
+            j(3, O::Never),
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.PartialObjectMetadata",
         S::Plain,
         &[f("metadata", 1, K::M(1187), C::One, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.PartialObjectMetadataList",
@@ -12524,10 +16411,12 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1189), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.Patch",
         S::Plain,
+        &[],
         &[],
         &[],
     ),
@@ -12541,6 +16430,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("fieldValidation", 4, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.Preconditions",
@@ -12550,12 +16446,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("resourceVersion", 2, K::Str, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.RootPaths",
         S::Plain,
         &[f("paths", 1, K::Str, C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.ServerAddressByClientCIDR",
@@ -12565,12 +16463,14 @@ pub static MESSAGES: [Message; 1224] = [
             f("serverAddress", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.ShardInfo",
         S::Plain,
         &[f("selector", 1, K::Str, C::One, P::Always)],
         &[],
+        &[j(0, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.Status",
@@ -12584,6 +16484,15 @@ pub static MESSAGES: [Message; 1224] = [
             f("code", 6, K::I32, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[
+            TM,
+            j(0, O::Never),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.StatusCause",
@@ -12594,6 +16503,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("field", 3, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.StatusDetails",
@@ -12607,12 +16517,21 @@ pub static MESSAGES: [Message; 1224] = [
             f("uid", 6, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(5, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.TableOptions",
         S::Plain,
         &[f("includeObject", 1, K::Str, C::One, P::Always)],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.Time",
@@ -12621,6 +16540,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("seconds", 1, K::I64, C::One, P::Always),
             f("nanos", 2, K::I32, C::One, P::Always),
         ],
+        &[],
         &[],
     ),
     m(
@@ -12631,6 +16551,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("nanos", 2, K::I32, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.TypeMeta",
@@ -12640,6 +16561,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("apiVersion", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.UpdateOptions",
@@ -12650,11 +16572,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("fieldValidation", 3, K::Str, C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1.Verbs",
         S::Wrapped,
         &[f("items", 1, K::Str, C::Repeated, P::Always)],
+        &[],
         &[],
     ),
     m(
@@ -12665,6 +16589,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("object", 2, K::M(1208), C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.apis.meta.v1beta1.PartialObjectMetadataList",
@@ -12674,11 +16599,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("metadata", 2, K::M(1183), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(1, O::Never), j(0, O::Never)],
     ),
     m(
         "k8s.io.apimachinery.pkg.runtime.RawExtension",
         S::RawExtension,
         &[f("-", 1, K::Bytes, C::One, P::IfSet)],
+        &[],
         &[],
     ),
     m(
@@ -12689,6 +16616,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("kind", 2, K::Str, C::One, P::Always),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty)],
     ),
     m(
         "k8s.io.apimachinery.pkg.runtime.Unknown",
@@ -12700,6 +16628,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 4, K::Str, C::One, P::Always),
         ],
         &[],
+        &[],
     ),
     m(
         "k8s.io.apimachinery.pkg.util.intstr.IntOrString",
@@ -12709,6 +16638,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("", 2, K::I32, C::One, P::Always),
             f("", 3, K::Str, C::One, P::Always),
         ],
+        &[],
         &[],
     ),
     m(
@@ -12720,6 +16650,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1216), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1.APIServiceCondition",
@@ -12732,6 +16663,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1.APIServiceList",
@@ -12741,6 +16679,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1212), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1.APIServiceSpec",
@@ -12755,12 +16694,22 @@ pub static MESSAGES: [Message; 1224] = [
             f("versionPriority", 8, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Never),
+            j(6, O::Never),
+        ],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1.APIServiceStatus",
         S::Plain,
         &[f("conditions", 1, K::M(1213), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1.ServiceReference",
@@ -12771,6 +16720,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("port", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1beta1.APIService",
@@ -12781,6 +16731,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("status", 3, K::M(1222), C::One, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never), j(2, O::Never)],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1beta1.APIServiceCondition",
@@ -12793,6 +16744,13 @@ pub static MESSAGES: [Message; 1224] = [
             f("message", 5, K::Str, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Never),
+            j(1, O::Never),
+            j(2, O::Never),
+            j(3, O::Empty),
+            j(4, O::Empty),
+        ],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1beta1.APIServiceList",
@@ -12802,6 +16760,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("items", 2, K::M(1218), C::Repeated, P::Always),
         ],
         &["kind", "apiVersion"],
+        &[TM, j(0, O::Never), j(1, O::Never)],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1beta1.APIServiceSpec",
@@ -12816,12 +16775,22 @@ pub static MESSAGES: [Message; 1224] = [
             f("versionPriority", 8, K::I32, C::One, P::Always),
         ],
         &[],
+        &[
+            j(0, O::Empty),
+            j(1, O::Empty),
+            j(2, O::Empty),
+            j(3, O::Empty),
+            j(4, O::Empty),
+            j(5, O::Never),
+            j(6, O::Never),
+        ],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1beta1.APIServiceStatus",
         S::Plain,
         &[f("conditions", 1, K::M(1219), C::Repeated, P::Always)],
         &[],
+        &[j(0, O::Empty)],
     ),
     m(
         "k8s.io.kube_aggregator.pkg.apis.apiregistration.v1beta1.ServiceReference",
@@ -12832,6 +16801,7 @@ pub static MESSAGES: [Message; 1224] = [
             f("port", 3, K::I32, C::One, P::IfSet),
         ],
         &[],
+        &[j(0, O::Empty), j(1, O::Empty), j(2, O::Empty)],
     ),
 ];
 

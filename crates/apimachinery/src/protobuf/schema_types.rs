@@ -12,6 +12,41 @@ pub struct Message {
     /// JSON keys the type has that protobuf does not carry (`kind` and
     /// `apiVersion` of an embedded `TypeMeta`).
     pub ignored: &'static [&'static str],
+    /// A plain message's JSON keys in the order Go's `encoding/json` writes
+    /// them: the Go struct's declaration order, an embedded struct's keys
+    /// where it is declared (a [`Presence::Inline`] field), `TypeMeta`'s as
+    /// [`TM`]. Empty for the special types.
+    pub json: &'static [JsonKey],
+}
+
+/// One JSON key of a message: its field (an index into
+/// [`Message::fields`], or [`TM`]) and when `encoding/json` leaves it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsonKey {
+    pub field: u8,
+    pub omit: Omit,
+}
+
+/// The [`JsonKey::field`] of an embedded `metav1.TypeMeta`: `kind`, then
+/// `apiVersion`, each `omitempty`.
+pub const TYPE_META: u8 = u8::MAX;
+
+/// An embedded `metav1.TypeMeta`'s place among a message's JSON keys.
+pub(super) const TM: JsonKey = JsonKey {
+    field: TYPE_META,
+    omit: Omit::Empty,
+};
+
+/// When Go's `encoding/json` leaves a struct field out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Omit {
+    /// Never (no `omitempty`, or a struct value, which `omitempty` keeps).
+    Never,
+    /// `omitempty`: an empty string, slice, map or `[]byte`, a zero number,
+    /// `false`, a nil pointer.
+    Empty,
+    /// `omitzero` on a `metav1.Time` or `MicroTime`: the zero time.
+    Zero,
 }
 
 /// One field.
@@ -105,11 +140,17 @@ pub(super) const fn m(
     special: Special,
     fields: &'static [Field],
     ignored: &'static [&'static str],
+    json: &'static [JsonKey],
 ) -> Message {
     Message {
         name,
         special,
         fields,
         ignored,
+        json,
     }
+}
+
+pub(super) const fn j(field: u8, omit: Omit) -> JsonKey {
+    JsonKey { field, omit }
 }
