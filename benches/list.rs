@@ -69,6 +69,7 @@ fn info() -> ResourceInfo {
         reads_as: None,
         scope: FieldSelector::default(),
         codec: None,
+        upstream_protobuf: false,
     }
 }
 

@@ -313,6 +313,11 @@ impl ProtoCodec {
         })
     }
 
+    /// The kind's protobuf message.
+    pub fn message(&self) -> &'static Message {
+        self.message
+    }
+
     /// Applies pending evictions of the kept encodings (see
     /// [`ProtoForms::settle`]).
     pub fn settle_forms(&self) {

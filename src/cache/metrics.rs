@@ -100,6 +100,7 @@ pub struct CacheMetrics {
     served: IntCounterVec,
     encoded_bytes: IntGaugeVec,
     encode_failures: IntCounterVec,
+    upstream_json_fallbacks: IntCounterVec,
 }
 
 impl std::fmt::Debug for CacheMetrics {
@@ -128,6 +129,8 @@ pub struct ResourceMetrics {
     /// Bytes of the protobuf encodings held for cached objects.
     pub protobuf_bytes: IntGauge,
     pub encode_failures: IntCounter,
+    /// The cache went back to reading upstream in JSON.
+    pub upstream_json_fallback: IntCounter,
 }
 
 impl std::fmt::Debug for ResourceMetrics {
@@ -198,6 +201,7 @@ impl CacheMetrics {
                 &["group", "resource", "encoding"],
             )?,
             encode_failures: counter("cache_encode_failures_total", "Objects the cache could not encode in protobuf (a field the proxy's schema lacks); protobuf reads of the resource pass through from then on.", &[])?,
+            upstream_json_fallbacks: counter("upstream_json_fallbacks_total", "Times the cache, reading upstream in protobuf (cache.upstreamEncoding), met an object it could not transcode exactly to the apiserver's JSON (a field the proxy's schema lacks) and went back to reading the resource in JSON.", &[])?,
         };
         registry.register(Box::new(m.objects.clone()))?;
         registry.register(Box::new(m.bytes.clone()))?;
@@ -205,6 +209,7 @@ impl CacheMetrics {
         registry.register(Box::new(m.history_bytes.clone()))?;
         registry.register(Box::new(m.resource_version.clone()))?;
         registry.register(Box::new(m.relists.clone()))?;
+        registry.register(Box::new(m.upstream_json_fallbacks.clone()))?;
         registry.register(Box::new(m.watch_restarts.clone()))?;
         registry.register(Box::new(m.watchers.clone()))?;
         registry.register(Box::new(m.events_received.clone()))?;
@@ -294,6 +299,7 @@ impl CacheMetrics {
                 .encoded_bytes
                 .with_label_values(&[group, resource, "protobuf"]),
             encode_failures: self.encode_failures.with_label_values(&l),
+            upstream_json_fallback: self.upstream_json_fallbacks.with_label_values(&l),
         }
     }
 }

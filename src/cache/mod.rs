@@ -20,6 +20,7 @@ pub mod resource;
 pub mod serve;
 pub mod status;
 pub mod store;
+pub mod upstream_protobuf;
 pub mod watcher;
 
 use std::collections::HashMap;
@@ -125,6 +126,9 @@ impl Caches {
                 strip_item_type_meta: is_built_in_group(&r.group),
                 scope,
                 reads_as: identity.reads_as(&r.group, &r.resource),
+                upstream_protobuf: codec.is_some()
+                    && config.upstream_encoding
+                        == crate::component::config::UpstreamEncoding::Protobuf,
                 codec,
             };
             let store = Settings {

@@ -38,6 +38,7 @@ use super::object::CachedObject;
 use super::persist::Snapshots;
 use super::probe::{PROBE_TIMEOUT, ProbeError};
 use super::resource::{ResourceCache, ResourceInfo, Resumed};
+use super::upstream_protobuf::{self, Undecodable};
 use apimachinery::selector::{FieldRequirement, FieldSelector};
 
 /// Items per upstream list page.
@@ -62,6 +63,16 @@ pub enum ReflectorError {
     /// The body was not what the apiserver sends.
     #[error("malformed upstream response: {0}")]
     Malformed(String),
+    /// An object read in protobuf could not be transcoded to its JSON
+    /// exactly: the cache reads the resource in JSON from now on.
+    #[error("cannot read upstream's protobuf: {0}")]
+    Undecodable(String),
+}
+
+impl From<Undecodable> for ReflectorError {
+    fn from(e: Undecodable) -> ReflectorError {
+        ReflectorError::Undecodable(e.0)
+    }
 }
 
 impl ReflectorError {
@@ -265,6 +276,11 @@ impl Reflector {
                         // apiserver stopping, a switch of servers).
                         verify = started.elapsed() + Duration::from_secs(5)
                             < Duration::from_secs(timeout);
+                    }
+                    // Resumed at once, in JSON.
+                    Err(ReflectorError::Undecodable(error)) => {
+                        self.cache.metrics.watch_restart("error");
+                        self.fall_back_to_json(&error);
                     }
                     Err(ReflectorError::Expired(message)) => {
                         self.cache.metrics.watch_restart("expired");
@@ -573,6 +589,76 @@ impl Reflector {
     }
 
     async fn list(&self) -> Result<(), ReflectorError> {
+        match self.list_once().await {
+            Err(ReflectorError::Undecodable(error)) => {
+                self.fall_back_to_json(&error);
+                self.list_once().await
+            }
+            r => r,
+        }
+    }
+
+    /// Reads the resource in JSON from now on, after `error` in protobuf.
+    fn fall_back_to_json(&self, error: &str) {
+        if self.cache.read_upstream_in_json() {
+            self.cache.metrics.upstream_json_fallback.inc();
+            tracing::warn!(resource = %self.check_name(), %error, "cannot read an object upstream sent in protobuf exactly as its JSON; reading the resource upstream in JSON from now on");
+        }
+    }
+
+    /// One page of the list: its resourceVersion, continue token and
+    /// items, read in protobuf when the cache reads upstream so.
+    async fn list_page(
+        &self,
+        extra: &str,
+    ) -> Result<(String, Option<String>, Vec<CachedObject>), ReflectorError> {
+        let info = self.cache.info();
+        let codec = info
+            .codec
+            .as_deref()
+            .filter(|_| self.cache.upstream_protobuf());
+        let resp = get_accepting(
+            &self.upstream,
+            &self.query(extra),
+            info.reads_as.as_ref(),
+            codec.map(|_| upstream_protobuf::LIST_ACCEPT),
+        )
+        .await?;
+        let protobuf = upstream_protobuf::is_protobuf(resp.headers());
+        let bytes = read_body(resp).await?;
+        let mut items = Vec::new();
+        if let (Some(codec), true) = (codec, protobuf) {
+            let page = upstream_protobuf::list_page(&bytes, codec)?;
+            for item in page.items {
+                match CachedObject::from_json(&item, info.field_set, info.namespaced) {
+                    Ok(o) => items.push(o),
+                    Err(error) => tracing::warn!(%error, "skipping malformed list item"),
+                }
+            }
+            return Ok((page.resource_version, page.continue_token, items));
+        }
+        let page: ListBody<'_> =
+            serde_json::from_slice(&bytes).map_err(|e| ReflectorError::Malformed(e.to_string()))?;
+        for item in page.items {
+            match CachedObject::from_list_item(
+                item.get().as_bytes(),
+                &info.kind,
+                &info.api_version,
+                info.field_set,
+                info.namespaced,
+            ) {
+                Ok(o) => items.push(o),
+                Err(error) => tracing::warn!(%error, "skipping malformed list item"),
+            }
+        }
+        Ok((
+            page.metadata.resource_version.into_owned(),
+            page.metadata.continue_token.map(Cow::into_owned),
+            items,
+        ))
+    }
+
+    async fn list_once(&self) -> Result<(), ReflectorError> {
         let info = self.cache.info().clone();
         let mut items = Vec::new();
         let mut continue_token: Option<String> = None;
@@ -583,45 +669,26 @@ impl Reflector {
                 extra.push_str("&continue=");
                 extra.push_str(&percent_encoding::utf8_percent_encode(c, QUERY).to_string());
             }
-            let resp = get(
-                &self.upstream,
-                &self.query(&extra),
-                self.cache.info().reads_as.as_ref(),
-            )
-            .await?;
-            let bytes = read_body(resp).await?;
-            let page: ListBody<'_> = serde_json::from_slice(&bytes)
-                .map_err(|e| ReflectorError::Malformed(e.to_string()))?;
+            let (rv, next, page) = self.list_page(&extra).await?;
             if continue_token.is_none() {
-                list_rv =
-                    page.metadata.resource_version.parse().map_err(|_| {
-                        ReflectorError::Malformed("list has no resourceVersion".into())
-                    })?;
+                list_rv = rv
+                    .parse()
+                    .map_err(|_| ReflectorError::Malformed("list has no resourceVersion".into()))?;
             }
-            for item in page.items {
-                match CachedObject::from_list_item(
-                    item.get().as_bytes(),
-                    &info.kind,
-                    &info.api_version,
-                    info.field_set,
-                    info.namespaced,
-                ) {
-                    Ok(o) => items.push(o),
-                    Err(error) => tracing::warn!(%error, "skipping malformed list item"),
-                }
-            }
-            continue_token = page
-                .metadata
-                .continue_token
-                .filter(|c| !c.is_empty())
-                .map(Cow::into_owned);
+            items.extend(page);
+            continue_token = next.filter(|c| !c.is_empty());
             if continue_token.is_none() {
                 break;
             }
         }
         self.cache.metrics.relists.inc();
         self.cache.wait_unfrozen().await;
-        tracing::info!(resource = %info.gvr.resource, objects = items.len(), rv = list_rv, "listed from upstream");
+        let encoding = if self.cache.upstream_protobuf() {
+            "protobuf"
+        } else {
+            "json"
+        };
+        tracing::info!(resource = %info.gvr.resource, objects = items.len(), rv = list_rv, encoding, "listed from upstream");
         self.cache.replace(items, list_rv);
         // A consistent list is upstream's current state.
         self.cache.set_resumed(Resumed::Current);
@@ -649,12 +716,20 @@ impl Reflector {
         // fallback's, once the primary is back) ends, and resumes on it.
         let site_changed = self.upstream.site_changed();
         tokio::pin!(site_changed);
-        let resp = get(
+        let codec = self
+            .cache
+            .info()
+            .codec
+            .clone()
+            .filter(|_| self.cache.upstream_protobuf());
+        let resp = get_accepting(
             &self.upstream,
             &self.query(&extra),
             self.cache.info().reads_as.as_ref(),
+            codec.as_ref().map(|_| upstream_protobuf::WATCH_ACCEPT),
         )
         .await?;
+        let codec = codec.filter(|_| upstream_protobuf::is_protobuf(resp.headers()));
         if !progress {
             if self.cache.resumed() != Resumed::Current {
                 self.cache.set_resumed(Resumed::CatchingUp);
@@ -680,6 +755,24 @@ impl Reflector {
                 continue;
             };
             buf.extend_from_slice(&data);
+            if let Some(codec) = &codec {
+                // Frames: a 4-byte big-endian length, then a `WatchEvent`.
+                while let Some(len) = upstream_protobuf::frame_len(&buf) {
+                    if len > MAX_EVENT_BYTES {
+                        return Err(ReflectorError::Malformed("watch event too large".into()));
+                    }
+                    if buf.len() < 4 + len {
+                        break;
+                    }
+                    let frame = buf.split_to(4 + len);
+                    let (event_type, object) = upstream_protobuf::event(&frame[4..], codec)
+                        .inspect_err(|e| self.fall_back_to_json(&e.0))?;
+                    if self.handle_event(&event_type, &object)? && kind == Kind::Progress {
+                        return Ok(WatchEnd::Progressed);
+                    }
+                }
+                continue;
+            }
             while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
                 let line = buf.split_to(pos + 1);
                 if self.handle_line(&line[..pos])? && kind == Kind::Progress {
@@ -699,28 +792,32 @@ impl Reflector {
         }
         let event: WireEvent<'_> =
             serde_json::from_slice(line).map_err(|e| ReflectorError::Malformed(e.to_string()))?;
+        self.handle_event(&event.kind, event.object.get().as_bytes())
+    }
+
+    /// Applies one watch event: its type and its object's JSON. Returns
+    /// whether it was a bookmark.
+    fn handle_event(&self, event_type: &str, object: &[u8]) -> Result<bool, ReflectorError> {
         let info = self.cache.info();
-        let kind = match event.kind.as_ref() {
+        let kind = match event_type {
             "ADDED" => EventType::Added,
             "MODIFIED" => EventType::Modified,
             "DELETED" => EventType::Deleted,
             "BOOKMARK" => {
-                let b: BookmarkObject<'_> = serde_json::from_str(event.object.get())
+                let b: BookmarkObject<'_> = serde_json::from_slice(object)
                     .map_err(|e| ReflectorError::Malformed(e.to_string()))?;
                 if let Ok(rv) = b.metadata.resource_version.parse::<u64>() {
-                    self.cache
-                        .set_bookmark_template(event.object.get().as_bytes());
+                    self.cache.set_bookmark_template(object);
                     self.cache.progress(rv);
                 }
                 self.cache.metrics.event_received("BOOKMARK");
                 return Ok(true);
             }
             "ERROR" => {
-                let s: WireStatus =
-                    serde_json::from_str(event.object.get()).unwrap_or(WireStatus {
-                        code: 0,
-                        message: event.object.get().to_string(),
-                    });
+                let s: WireStatus = serde_json::from_slice(object).unwrap_or(WireStatus {
+                    code: 0,
+                    message: String::from_utf8_lossy(object).into_owned(),
+                });
                 return Err(if s.code == 410 {
                     ReflectorError::Expired(s.message)
                 } else {
@@ -750,11 +847,7 @@ impl Reflector {
             tracing::warn!(resource = %info.gvr.resource, "failpoint: dropped an upstream event");
             return Ok(false);
         }
-        match CachedObject::from_json(
-            event.object.get().as_bytes(),
-            info.field_set,
-            info.namespaced,
-        ) {
+        match CachedObject::from_json(object, info.field_set, info.namespaced) {
             Ok(o) => self.cache.apply(kind, o),
             Err(error) => tracing::warn!(%error, "skipping malformed watch event"),
         }
@@ -803,7 +896,11 @@ pub(super) async fn get_accepting(
         return Ok(resp);
     }
     let status = resp.status();
-    let bytes = read_body(resp).await.unwrap_or_default();
+    let mut bytes = read_body(resp).await.unwrap_or_default();
+    // Asked for protobuf, an error comes as a protobuf `Status`.
+    if let Some(json) = upstream_protobuf::status_json(&bytes) {
+        bytes = json.into();
+    }
     let message = serde_json::from_slice::<WireStatus>(&bytes)
         .map(|s| s.message)
         .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());

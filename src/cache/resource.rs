@@ -47,6 +47,10 @@ pub struct ResourceInfo {
     /// How objects are encoded in protobuf: built-in kinds the generated
     /// schema knows (custom resources are served in JSON only).
     pub codec: Option<Arc<ProtoCodec>>,
+    /// Whether the cache reads upstream in protobuf (`cache.upstreamEncoding`,
+    /// for a kind with a codec), until an object cannot be transcoded
+    /// ([`ResourceCache::upstream_json`]).
+    pub upstream_protobuf: bool,
 }
 
 impl ResourceInfo {
@@ -174,6 +178,10 @@ pub struct ResourceCache {
     /// Whether upstream refused the cache's last list or watch (`401`,
     /// `403`), until one succeeds: see [`ResourceCache::refused`].
     refused: AtomicBool,
+    /// Whether an object read upstream in protobuf could not be
+    /// transcoded to its JSON exactly: the cache reads upstream in JSON
+    /// from then on ([`ResourceCache::read_upstream_in_json`]).
+    upstream_json: AtomicBool,
     /// Whether what the cache holds may be older than what this proxy (or
     /// its predecessor) already served: see [`Resumed`].
     resumed: watch::Sender<Resumed>,
@@ -317,6 +325,7 @@ impl ResourceCache {
             compaction: Mutex::new(Compaction::default()),
             upstream_down_since: Mutex::new(None),
             refused: AtomicBool::new(false),
+            upstream_json: AtomicBool::new(false),
             resumed: watch::channel(Resumed::Current).0,
             crashed_at: AtomicU64::new(0),
             history_resets: watch::channel(0).0,
@@ -329,6 +338,19 @@ impl ResourceCache {
     }
 
     /// What the cache holds.
+    /// Whether the cache reads upstream in protobuf now
+    /// (`ResourceInfo::upstream_protobuf`, until an object could not be
+    /// transcoded).
+    pub fn upstream_protobuf(&self) -> bool {
+        self.info.upstream_protobuf && !self.upstream_json.load(Ordering::Relaxed)
+    }
+
+    /// Makes the cache read upstream in JSON from now on; `true` the first
+    /// time.
+    pub fn read_upstream_in_json(&self) -> bool {
+        !self.upstream_json.swap(true, Ordering::Relaxed)
+    }
+
     pub fn info(&self) -> &ResourceInfo {
         &self.info
     }

@@ -48,6 +48,7 @@ pub(crate) fn test_cache_tuned(
             scope: FieldSelector::default(),
             reads_as: None,
             codec: None,
+            upstream_protobuf: false,
         },
         Settings {
             history_capacity: 100,

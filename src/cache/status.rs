@@ -63,6 +63,11 @@ pub struct CacheStatus {
     /// The upstream field selector the cache is limited to (`""`: the
     /// whole resource), e.g. `spec.nodeName=node-1` on a node.
     pub scope: String,
+    /// How the cache reads upstream now: `JSON` or `Protobuf`
+    /// (`cache.upstreamEncoding`; back to `JSON` after an object it could
+    /// not transcode exactly).
+    #[serde(default)]
+    pub upstream_encoding: String,
     /// Whether the first list has landed (reads wait or pass through until
     /// then).
     pub synced: bool,
@@ -135,6 +140,12 @@ pub fn of(cache: &ResourceCache) -> CacheStatus {
         version: info.gvr.version.clone(),
         resource: info.gvr.resource.clone(),
         scope: info.scope.to_string(),
+        upstream_encoding: if cache.upstream_protobuf() {
+            "Protobuf"
+        } else {
+            "JSON"
+        }
+        .into(),
         synced,
         objects,
         resource_version: cache.rv().to_string(),

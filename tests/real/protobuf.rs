@@ -227,7 +227,7 @@ pub(crate) async fn fixtures(env: &RealEnv, ns: &str, label: &str, node: &str) {
 }
 
 /// The collections and one object of each, as read in the tests.
-fn collections(ns: &str, label: &str, node: &str) -> Vec<(String, String)> {
+pub(crate) fn collections(ns: &str, label: &str, node: &str) -> Vec<(String, String)> {
     let sel = format!("labelSelector=test%3D{label}");
     vec![
         (
@@ -275,7 +275,7 @@ fn collections(ns: &str, label: &str, node: &str) -> Vec<(String, String)> {
 
 /// Waits until both the apiserver's and the proxy's caches have `rv` for
 /// every collection.
-async fn synced(direct: &Client, proxy: &Client, colls: &[(String, String)], rv: u64) {
+pub(crate) async fn synced(direct: &Client, proxy: &Client, colls: &[(String, String)], rv: u64) {
     for c in [direct, proxy] {
         for (list, _) in colls {
             let sep = if list.contains('?') { '&' } else { '?' };
@@ -305,7 +305,7 @@ async fn lists_and_gets_match_with_no_protobuf_encoding_kept() {
 
 /// Lists and gets of fixtures in namespace `name` through the proxy and
 /// directly; `kept`: the proxy keeps protobuf encodings.
-async fn lists_and_gets_match(env: &RealEnv, name: &str, kept: bool) {
+pub(crate) async fn lists_and_gets_match(env: &RealEnv, name: &str, kept: bool) {
     let ns = env.namespace(name).await;
     let (label, node) = (name, &*format!("{name}-node"));
     fixtures(env, &ns, label, node).await;
@@ -499,8 +499,14 @@ async fn watch_event_sequences_match_in_every_representation() {
     let Some(env) = RealEnv::start().await else {
         return;
     };
-    let ns = env.namespace("pb-watch").await;
-    let (label, node) = ("pb-watch", "pb-watch-node");
+    watch_event_sequences_match(&env, "pb-watch").await;
+}
+
+/// The watch test's event sequences, through the proxy and directly, in
+/// namespace `name`.
+pub(crate) async fn watch_event_sequences_match(env: &RealEnv, name: &str) {
+    let ns = env.namespace(name).await;
+    let (label, node) = (name, &*format!("{name}-node"));
     let admin = env.admin();
     let (direct, proxy) = (env.direct(admin.clone()), env.proxy(admin));
     let apiserver = env.apiserver();
@@ -661,7 +667,7 @@ async fn watch_event_sequences_match_in_every_representation() {
             "{q}: bookmark"
         );
     }
-    assert!(served(&env, "protobuf").await > 0.0);
+    assert!(served(env, "protobuf").await > 0.0);
     let _: Value = Value::Null;
 }
 

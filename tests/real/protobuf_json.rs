@@ -433,3 +433,170 @@ async fn every_object_in_protobuf_reads_back_as_the_apiservers_json() {
         );
     }
 }
+
+/// A proxy whose caches read upstream in protobuf
+/// (`cache.upstreamEncoding: Protobuf`) answers every read as the
+/// apiserver does: JSON gets byte for byte, and the protobuf and
+/// metadata-only lists, gets and watch event sequences of the protobuf
+/// tests; and it did read in protobuf throughout (its operator's view says
+/// so, and no resource fell back to JSON).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_reading_upstream_in_protobuf_answers_as_the_apiserver() {
+    let Some(env) = RealEnv::start_with(|c| {
+        support::cache_configmaps(c);
+        c.cache.upstream_encoding = kube_cache_proxy::component::config::UpstreamEncoding::Protobuf;
+    })
+    .await
+    else {
+        return;
+    };
+    let ns = env.namespace("pbu-json").await;
+    let (label, node) = ("pbu-json", "pbu-json-node");
+    crate::protobuf::fixtures(&env, &ns, label, node).await;
+    let rv = env.current_rv().await;
+    let admin = env.admin();
+    let (direct, proxy) = (env.direct(admin.clone()), env.proxy(admin));
+    let mut colls = crate::protobuf::collections(&ns, label, node);
+    colls.push((
+        format!("/api/v1/namespaces/{ns}/configmaps"),
+        format!("/api/v1/namespaces/{ns}/configmaps/kube-root-ca.crt"),
+    ));
+    crate::protobuf::synced(&direct, &proxy, &colls, rv).await;
+    for (list, get) in &colls {
+        let sep = if list.contains('?') { '&' } else { '?' };
+        for path in [
+            format!("{get}?resourceVersion=0"),
+            format!("{list}{sep}resourceVersion=0"),
+        ] {
+            let h = [("accept", "application/json")];
+            let (d, p) = tokio::join!(
+                direct.send(Method::GET, &path, &h, None),
+                proxy.send(Method::GET, &path, &h, None)
+            );
+            support::differential::assert_same(&d, &p, &path);
+            if path.starts_with(get.as_str()) {
+                assert_eq!(
+                    String::from_utf8_lossy(&d.body),
+                    String::from_utf8_lossy(&p.body),
+                    "{path}: not the apiserver's bytes"
+                );
+            }
+        }
+    }
+    crate::protobuf::lists_and_gets_match(&env, "pbu-reads", true).await;
+    crate::protobuf::watch_event_sequences_match(&env, "pbu-watch").await;
+
+    let (status, body) = env.running.admin_get("/debug/caches").await;
+    assert_eq!(status, 200);
+    let caches: Value = serde_json::from_str(&body).unwrap();
+    let caches = caches["caches"].as_array().unwrap();
+    assert!(caches.len() >= 9, "{body}");
+    for c in caches {
+        assert_eq!(c["upstreamEncoding"], "Protobuf", "{c}");
+    }
+    let fallbacks = support::real::metric_sum(
+        &env.proxy_metrics().await,
+        "kube_cache_proxy_upstream_json_fallbacks_total",
+        &[],
+    );
+    assert_eq!(fallbacks, 0.0);
+}
+
+/// A proxy older than the apiserver (a field hidden from its schema) that
+/// reads upstream in protobuf meets an object with that field (a pod's
+/// `hostname`, which gogo's marshaller writes even empty: so every pod,
+/// whether listed or watched): rather than lose it, the cache goes back to
+/// reading the resource in JSON, once, and serves the object with the
+/// field, as the apiserver does; its other resources stay in protobuf.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_proxy_reads_json_rather_than_lose_a_field() {
+    use kube_testenv::ControlPlane;
+    use std::time::Duration;
+    use support::Auth;
+    use support::binary::Binary;
+    use support::real::{eventually, metric_sum};
+    let Some(cp) = ControlPlane::shared().await else {
+        return;
+    };
+    let config = std::fs::read_to_string(support::repo().join("config/kube-cache-proxy.yaml"))
+        .unwrap()
+        .replace("upstreamEncoding: JSON", "upstreamEncoding: Protobuf");
+    assert!(config.contains("upstreamEncoding: Protobuf"));
+    let dir = support::env::tempdir();
+    let config_path = dir.join("config.yaml");
+    std::fs::write(&config_path, config).unwrap();
+    let admin_kubeconfig = cp.kubeconfig_text(&cp.url(), "admin", cp.admin());
+    let proxy = Binary::start_with_env(
+        cp,
+        config_path.to_str().unwrap(),
+        |_| admin_kubeconfig,
+        "older-pb-node",
+        false,
+        &[(
+            "KUBE_CACHE_PROXY_TEST_HIDE_PROTOBUF_FIELDS",
+            "k8s.io.api.core.v1.PodSpec.hostname",
+        )],
+    );
+    eventually(Duration::from_secs(60), "the older proxy ready", || async {
+        matches!(proxy.admin_get("/readyz").await, Some((200, _))).then_some(())
+    })
+    .await;
+    let encoding = |resource: &'static str| {
+        let proxy = &proxy;
+        async move {
+            let (_, body) = proxy.admin_get("/debug/caches").await.unwrap_or_default();
+            let v: Value = serde_json::from_str(&body).unwrap_or_default();
+            v["caches"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["resource"] == resource))
+                .map(|c| c["upstreamEncoding"].as_str().unwrap_or("").to_string())
+                .unwrap_or_default()
+        }
+    };
+    let admin = Auth::Cert(cp.admin().clone());
+    let direct = Client::new(&cp.url(), &cp.ca_pem(), admin.clone(), false);
+    let through = proxy.client(admin);
+    let ns = "pbu-older";
+    for (path, body) in [
+        (
+            "/api/v1/namespaces".to_string(),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        ),
+        (
+            format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        ),
+    ] {
+        let r = direct.post_json(&path, &body).await;
+        assert!(r.status == 201 || r.status == 409, "{}", r.text());
+    }
+    let pods = format!("/api/v1/namespaces/{ns}/pods");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "newer"},
+        "spec": {"nodeName": "older-pb-node", "hostname": "h-newer", "containers": [{"name": "c", "image": "i"}]}});
+    let r = direct.post_json(&pods, &pod).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    // The cache goes back to JSON and then holds the pod, field and all.
+    let get = format!("{pods}/newer?resourceVersion=0");
+    let body = eventually(Duration::from_secs(20), "the pod from the cache", || {
+        let (through, get) = (&through, &get);
+        async move {
+            let r = through.get(get).await;
+            (r.status == 200).then_some(r)
+        }
+    })
+    .await;
+    assert!(body.text().contains("h-newer"), "{}", body.text());
+    assert_eq!(encoding("pods").await, "JSON");
+    assert_eq!(encoding("nodes").await, "Protobuf");
+    let (_, text) = proxy.admin_get("/metrics").await.unwrap();
+    assert_eq!(
+        metric_sum(
+            &text,
+            "kube_cache_proxy_upstream_json_fallbacks_total",
+            &[("resource", "pods")]
+        ),
+        1.0
+    );
+    let direct_body = direct.get(&get).await;
+    assert_eq!(direct_body.text(), body.text(), "the apiserver's bytes");
+}

@@ -124,6 +124,11 @@ pub struct ScaleArgs {
     /// Services and EndpointSlices), which then gets nothing.
     #[arg(long, value_name = "RESOURCE")]
     node_uncached: Vec<String>,
+    /// How the node proxies' caches read upstream (`cache.upstreamEncoding`:
+    /// `JSON` or `Protobuf`), in place of the shipped node configuration's
+    /// choice, to weigh one against the other.
+    #[arg(long, value_name = "ENCODING")]
+    node_upstream_encoding: Option<String>,
     /// Take a CPU profile of kube-apiserver this long during the load,
     /// from 10 s after its first Deployment (`--profiling=true`), and
     /// print where its CPU went (`pprof.rs`); at most 50 (the apiserver
@@ -374,6 +379,10 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
             c.cache
                 .resources
                 .retain(|r| !a.node_uncached.contains(&r.resource));
+            if let Some(e) = &a.node_upstream_encoding {
+                c.cache.upstream_encoding = serde_json::from_value(serde_json::json!(e))
+                    .map_err(|_| anyhow!("--node-upstream-encoding {e}: JSON or Protobuf"))?;
+            }
             c.metrics_listen = None;
             c.tls.cert_file = Some(write("tls.crt", &serving.cert_pem)?);
             c.tls.private_key_file = Some(write("tls.key", &serving.key_pem)?);

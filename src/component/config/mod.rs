@@ -21,6 +21,6 @@ pub use schema::{
     API_VERSION, AnonymousConfig, AuthenticationConfig, AuthorizationConfig, CacheConfig,
     CachedResource, Config, ConsistencyCheckConfig, CsrConfig, FallbackConfig, IdentityMode, KIND,
     PersistenceConfig, SubjectAccessReviewConfig, TakeoverConfig, TlsConfig, TlsVersion,
-    TokenReviewConfig, UpstreamConfig,
+    TokenReviewConfig, UpstreamConfig, UpstreamEncoding,
 };
 pub use validate::MIN_CSR_EXPIRATION_SECONDS;

@@ -304,6 +304,21 @@ pub struct CacheConfig {
     /// about 60 % of its JSON, so 100 keeps them all). 0 keeps none.
     /// Default 5.
     pub protobuf_cache_percent: u64,
+    /// How the cache reads its resources upstream (its lists and watches):
+    /// `JSON`, or `Protobuf` for the built-in kinds (custom resources stay
+    /// in JSON). In protobuf, the apiserver (or a tier) sends about half the
+    /// bytes (0.52× for an EndpointSlice, 0.47× for a pod) and encodes each
+    /// event once for every protobuf watcher, kubelets' and kube-proxies'
+    /// alike. The cache still holds and serves each object as the JSON
+    /// kube-apiserver writes, transcoded from the protobuf message
+    /// (`apimachinery::protobuf::to_json`; byte-equal with kube-apiserver
+    /// 1.34 to 1.36 with etcd in protobuf, its default); a resource whose
+    /// object it cannot transcode exactly (a field this build does not know,
+    /// from a newer apiserver) is read in JSON from then on. With etcd in
+    /// JSON (`--storage-media-type=application/json`), an empty list the
+    /// apiserver writes as `[]` reads back as `null`: use `JSON`. Default
+    /// `JSON`.
+    pub upstream_encoding: UpstreamEncoding,
     /// Snapshots of the cache on the node's disk, so a restarted proxy
     /// resumes instead of relisting.
     pub persistence: PersistenceConfig,
@@ -445,6 +460,7 @@ impl Default for CacheConfig {
             ready_wait_milliseconds: 2000,
             protobuf_cache_mib: 64,
             protobuf_cache_percent: 5,
+            upstream_encoding: UpstreamEncoding::default(),
             persistence: PersistenceConfig::default(),
             consistency_check: ConsistencyCheckConfig::default(),
         }
@@ -555,6 +571,17 @@ impl CsrConfig {
             .filter_map(|a| a.parse().ok())
             .collect()
     }
+}
+
+/// `cache.upstreamEncoding`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub enum UpstreamEncoding {
+    /// `application/json`.
+    #[default]
+    #[serde(rename = "JSON")]
+    Json,
+    /// `application/vnd.kubernetes.protobuf` for built-in kinds.
+    Protobuf,
 }
 
 /// A TLS protocol version, named as kube-apiserver names them.

@@ -47,7 +47,7 @@ use super::schema::MESSAGES;
 use super::schema_types::{
     Cardinality, Field, FieldKind, JsonKey, Message, Omit, Presence, Special, TYPE_META,
 };
-use super::transcode::ZERO_TIME_SECONDS;
+use super::transcode::{ZERO_TIME_SECONDS, hidden};
 
 /// Why a message could not be written as JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,7 +147,9 @@ impl Layout {
             let i = message
                 .fields
                 .binary_search_by_key(&number, |f| f.number)
-                .map_err(|_| err(format!("{}: unknown field {number}", message.name)))?;
+                .ok()
+                .filter(|&i| !hidden(message, message.fields[i].json))
+                .ok_or_else(|| err(format!("{}: unknown field {number}", message.name)))?;
             if layout.count[i] == 0 {
                 layout.first[i] = at;
             } else if message.fields[i].cardinality == Cardinality::One {

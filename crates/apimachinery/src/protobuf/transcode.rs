@@ -132,7 +132,7 @@ pub fn hide_fields(fields: Vec<(String, String)>) {
 }
 
 #[cfg(feature = "test-schema")]
-fn hidden(message: &Message, key: &str) -> bool {
+pub(super) fn hidden(message: &Message, key: &str) -> bool {
     HIDDEN
         .get()
         .is_some_and(|h| h.iter().any(|(m, k)| m == message.name && k == key))
@@ -151,7 +151,7 @@ pub(super) fn any_hidden() -> bool {
 }
 
 #[cfg(not(feature = "test-schema"))]
-fn hidden(_: &Message, _: &str) -> bool {
+pub(super) fn hidden(_: &Message, _: &str) -> bool {
     false
 }
 
