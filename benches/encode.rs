@@ -11,7 +11,13 @@
 //!   the streaming transcoder and by the tree transcoder it falls back to;
 //! - `frame/<kind>/<representation>`: building one watch event's frame
 //!   for the first watcher in a representation (the others share it),
-//!   from an object whose protobuf form is already held.
+//!   from an object whose protobuf form is already held;
+//! - `to_json/<kind>`: the object's message back to the apiserver's JSON
+//!   (`apimachinery::protobuf::to_json`);
+//! - `ingest/<kind>/{json,protobuf}`: what the reflector does with one
+//!   upstream watch event before applying it, read in JSON (the event line
+//!   parsed, the object ingested) or in protobuf (the frame read, the
+//!   object written as JSON, then ingested: `cache.upstreamEncoding`).
 //!
 //! `cargo bench --bench encode`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -179,6 +185,64 @@ fn encode(c: &mut Criterion) {
                 out.clear();
                 apimachinery::protobuf::transcode_reference(black_box(json), message, &mut out)
                     .unwrap();
+            })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("to_json");
+    for case in cases() {
+        let message = apimachinery::protobuf::message_for(case.group, "v1", case.kind).unwrap();
+        let mut pb = Vec::new();
+        apimachinery::protobuf::transcode(case.json.as_bytes(), message, &mut pb).unwrap();
+        let mut out = Vec::with_capacity(16 << 10);
+        g.throughput(Throughput::Bytes(case.json.len() as u64));
+        g.bench_function(case.name, |b| {
+            b.iter(|| {
+                out.clear();
+                apimachinery::protobuf::to_json(
+                    black_box(&pb),
+                    message,
+                    Some((case.kind, "v1")),
+                    &mut out,
+                )
+                .unwrap();
+            })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("ingest");
+    for case in cases() {
+        let codec = codec(&case);
+        let line = encode::frame(Encoding::Json, "MODIFIED", case.json.as_bytes());
+        let envelope = codec.encode(case.json.as_bytes()).unwrap();
+        let frame = encode::frame(Encoding::Protobuf, "MODIFIED", envelope.envelope());
+        #[derive(serde::Deserialize)]
+        struct WireEvent<'a> {
+            #[serde(rename = "type", borrow)]
+            kind: std::borrow::Cow<'a, str>,
+            #[serde(borrow)]
+            object: &'a serde_json::value::RawValue,
+        }
+        g.bench_function(format!("{}/json", case.name), |b| {
+            b.iter(|| {
+                let e: WireEvent<'_> =
+                    serde_json::from_slice(black_box(&line[..line.len() - 1])).unwrap();
+                assert_eq!(e.kind, "MODIFIED");
+                CachedObject::from_json(e.object.get().as_bytes(), case.field_set, case.namespaced)
+                    .unwrap()
+            })
+        });
+        g.bench_function(format!("{}/protobuf", case.name), |b| {
+            b.iter(|| {
+                let (kind, json) = kube_cache_proxy::cache::upstream_protobuf::event(
+                    black_box(&frame[4..]),
+                    &codec,
+                )
+                .unwrap();
+                assert_eq!(kind, "MODIFIED");
+                CachedObject::from_json(&json, case.field_set, case.namespaced).unwrap()
             })
         });
     }

@@ -41,7 +41,6 @@
 use std::fmt;
 
 use base64::Engine;
-use prost::encoding::{WireType, decode_key, decode_varint};
 
 use super::schema::MESSAGES;
 use super::schema_types::{
@@ -84,7 +83,15 @@ pub fn to_json(
     }
     out.push(b'{');
     let mut first = true;
-    object_fields(raw, message, type_meta, out, &mut first, 0)?;
+    object_fields(
+        &mut Cx::default(),
+        raw,
+        message,
+        type_meta,
+        out,
+        &mut first,
+        0,
+    )?;
     out.push(b'}');
     Ok(())
 }
@@ -97,21 +104,42 @@ enum Wire<'a> {
     Bytes(&'a [u8]),
 }
 
+/// Reads a varint; advances `buf`.
+#[inline]
+fn varint(buf: &mut &[u8]) -> Result<u64> {
+    let mut value = 0u64;
+    for (i, &b) in buf.iter().enumerate().take(10) {
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b < 0x80 {
+            if i == 9 && b > 1 {
+                break;
+            }
+            *buf = &buf[i + 1..];
+            return Ok(value);
+        }
+    }
+    Err(err("malformed varint"))
+}
+
 /// Reads one field: its number and value; advances `buf`.
+#[inline]
 fn next_field<'a>(buf: &mut &'a [u8]) -> Result<(u32, Wire<'a>)> {
-    let (number, wire) = decode_key(buf).map_err(|e| err(e.to_string()))?;
-    let value = match wire {
-        WireType::Varint => Wire::Varint(decode_varint(buf).map_err(|e| err(e.to_string()))?),
-        WireType::SixtyFourBit => {
+    let key = varint(buf)?;
+    let number = u32::try_from(key >> 3).map_err(|_| err("field number out of range"))?;
+    if number == 0 {
+        return Err(err("field number 0"));
+    }
+    let value = match key & 7 {
+        0 => Wire::Varint(varint(buf)?),
+        1 => {
             let (head, rest) = buf
                 .split_first_chunk::<8>()
                 .ok_or_else(|| err("truncated fixed64"))?;
             *buf = rest;
             Wire::Fixed64(u64::from_le_bytes(*head))
         }
-        WireType::LengthDelimited => {
-            let len = usize::try_from(decode_varint(buf).map_err(|e| err(e.to_string()))?)
-                .map_err(|_| err("length out of range"))?;
+        2 => {
+            let len = usize::try_from(varint(buf)?).map_err(|_| err("length out of range"))?;
             if len > buf.len() {
                 return Err(err("truncated field"));
             }
@@ -119,27 +147,34 @@ fn next_field<'a>(buf: &mut &'a [u8]) -> Result<(u32, Wire<'a>)> {
             *buf = rest;
             Wire::Bytes(value)
         }
-        other => return Err(err(format!("unsupported wire type {other:?}"))),
+        other => return Err(err(format!("unsupported wire type {other}"))),
     };
     Ok((number, value))
 }
 
-/// Where each field of a message lies: the offset of its first occurrence
-/// in the message and how many there are.
+/// Where each field of the messages being written lies: for each field
+/// of each message open (a stack, one run of `fields.len()` entries per
+/// message), the offset of its first occurrence in the message and how
+/// many there are. Shared down the nesting so that no message zeroes or
+/// allocates a table of its own.
+#[derive(Default)]
+struct Cx {
+    slots: Vec<(u32, u32)>,
+}
+
+/// One message's run of [`Cx::slots`].
+#[derive(Clone, Copy)]
 struct Layout {
-    first: [u32; 64],
-    count: [u32; 64],
+    base: usize,
 }
 
 impl Layout {
-    fn of(raw: &[u8], message: &'static Message) -> Result<Layout> {
-        if message.fields.len() > 64 {
-            return Err(err(format!("{}: too many fields", message.name)));
-        }
-        let mut layout = Layout {
-            first: [0; 64],
-            count: [0; 64],
-        };
+    /// Scans `raw`, a `message`, pushing its run; the caller truncates
+    /// `cx.slots` to `base` when done with it.
+    fn of(cx: &mut Cx, raw: &[u8], message: &'static Message) -> Result<Layout> {
+        let base = cx.slots.len();
+        cx.slots.resize(base + message.fields.len(), (0, 0));
+        let slots = &mut cx.slots[base..];
         let mut buf = raw;
         while !buf.is_empty() {
             let at = (raw.len() - buf.len()) as u32;
@@ -150,25 +185,32 @@ impl Layout {
                 .ok()
                 .filter(|&i| !hidden(message, message.fields[i].json))
                 .ok_or_else(|| err(format!("{}: unknown field {number}", message.name)))?;
-            if layout.count[i] == 0 {
-                layout.first[i] = at;
+            let slot = &mut slots[i];
+            if slot.1 == 0 {
+                slot.0 = at;
             } else if message.fields[i].cardinality == Cardinality::One {
                 return Err(err(format!("{}: field {number} seen twice", message.name)));
             }
-            layout.count[i] += 1;
+            slot.1 += 1;
         }
-        Ok(layout)
+        Ok(Layout { base })
+    }
+
+    /// How many values field `i` has.
+    fn count(self, cx: &Cx, i: usize) -> u32 {
+        cx.slots[self.base + i].1
     }
 
     /// Field `i`'s values, in order.
     fn values<'a>(
-        &self,
+        self,
+        cx: &Cx,
         raw: &'a [u8],
         i: usize,
         number: u32,
-    ) -> impl Iterator<Item = Result<Wire<'a>>> + 'a {
-        let mut buf = &raw[self.first[i] as usize..];
-        let mut left = self.count[i];
+    ) -> impl Iterator<Item = Result<Wire<'a>>> + use<'a> {
+        let (first, mut left) = cx.slots[self.base + i];
+        let mut buf = &raw[first as usize..];
         std::iter::from_fn(move || {
             while left > 0 {
                 match next_field(&mut buf) {
@@ -188,11 +230,11 @@ impl Layout {
     }
 
     /// Field `i`'s single value, if present.
-    fn one<'a>(&self, raw: &'a [u8], i: usize, number: u32) -> Result<Option<Wire<'a>>> {
-        if self.count[i] == 0 {
+    fn one<'a>(self, cx: &Cx, raw: &'a [u8], i: usize, number: u32) -> Result<Option<Wire<'a>>> {
+        if self.count(cx, i) == 0 {
             return Ok(None);
         }
-        self.values(raw, i, number).next().transpose()
+        self.values(cx, raw, i, number).next().transpose()
     }
 }
 
@@ -219,6 +261,7 @@ fn sub(kind: FieldKind) -> Result<&'static Message> {
 /// Writes the keys of `message` (its bytes `raw`) into the object being
 /// written; `first`: no key written yet.
 fn object_fields(
+    cx: &mut Cx,
     raw: &[u8],
     message: &'static Message,
     type_meta: Option<(&str, &str)>,
@@ -232,7 +275,7 @@ fn object_fields(
     if message.json.is_empty() && !message.fields.is_empty() {
         return Err(err(format!("{}: no JSON form", message.name)));
     }
-    let layout = Layout::of(raw, message)?;
+    let layout = Layout::of(cx, raw, message)?;
     for &JsonKey { field: at, omit } in message.json {
         if at == TYPE_META {
             if let Some((kind, api_version)) = type_meta {
@@ -251,9 +294,9 @@ fn object_fields(
             .get(i)
             .ok_or_else(|| err("JSON key out of range"))?;
         match field.cardinality {
-            Cardinality::One => one_field(raw, &layout, i, field, omit, out, first, depth)?,
+            Cardinality::One => one_field(cx, raw, layout, i, field, omit, out, first, depth)?,
             Cardinality::Repeated => {
-                if layout.count[i] == 0 {
+                if layout.count(cx, i) == 0 {
                     if omit == Omit::Never {
                         key(out, first, field.json);
                         out.extend_from_slice(b"null");
@@ -263,7 +306,7 @@ fn object_fields(
                 key(out, first, field.json);
                 out.push(b'[');
                 let type_meta = nested_type_meta(message, field);
-                for (n, value) in layout.values(raw, i, field.number).enumerate() {
+                for (n, value) in layout.values(cx, raw, i, field.number).enumerate() {
                     if n > 0 {
                         out.push(b',');
                     }
@@ -272,16 +315,16 @@ fn object_fields(
                             let inner = sub(field.kind)?;
                             out.push(b'{');
                             let mut first = true;
-                            object_fields(b, inner, Some(tm), out, &mut first, depth + 1)?;
+                            object_fields(cx, b, inner, Some(tm), out, &mut first, depth + 1)?;
                             out.push(b'}');
                         }
-                        (_, value) => value_json(value, field, out, depth)?,
+                        (_, value) => value_json(cx, value, field, out, depth)?,
                     }
                 }
                 out.push(b']');
             }
             Cardinality::Map => {
-                if layout.count[i] == 0 {
+                if layout.count(cx, i) == 0 {
                     if omit == Omit::Never {
                         key(out, first, field.json);
                         out.extend_from_slice(b"null");
@@ -289,10 +332,11 @@ fn object_fields(
                     continue;
                 }
                 key(out, first, field.json);
-                map_json(raw, &layout, i, field, out, depth)?;
+                map_json(cx, raw, layout, i, field, out, depth)?;
             }
         }
     }
+    cx.slots.truncate(layout.base);
     Ok(())
 }
 
@@ -320,8 +364,9 @@ fn nested_type_meta(
 /// A single (not repeated) field.
 #[allow(clippy::too_many_arguments)]
 fn one_field(
+    cx: &mut Cx,
     raw: &[u8],
-    layout: &Layout,
+    layout: Layout,
     i: usize,
     field: &'static Field,
     omit: Omit,
@@ -329,7 +374,7 @@ fn one_field(
     first: &mut bool,
     depth: u32,
 ) -> Result<()> {
-    let value = layout.one(raw, i, field.number)?;
+    let value = layout.one(cx, raw, i, field.number)?;
     if field.presence == Presence::Inline {
         let inner = sub(field.kind)?;
         let bytes = match value {
@@ -337,7 +382,7 @@ fn one_field(
             None => &[],
             Some(_) => return Err(err(format!("{}: wrong wire type", field.json))),
         };
-        return object_fields(bytes, inner, None, out, first, depth + 1);
+        return object_fields(cx, bytes, inner, None, out, first, depth + 1);
     }
     let Some(value) = value else {
         return match field.presence {
@@ -360,7 +405,7 @@ fn one_field(
                     return Ok(());
                 }
                 key(out, first, field.json);
-                zero_json(field, out, depth)
+                zero_json(cx, field, out, depth)
             }
         };
     };
@@ -381,7 +426,7 @@ fn one_field(
         _ => {}
     }
     key(out, first, field.json);
-    value_json(value, field, out, depth)
+    value_json(cx, value, field, out, depth)
 }
 
 fn is_wrapped(kind: FieldKind) -> bool {
@@ -414,19 +459,25 @@ fn is_zero_time(value: Wire<'_>, field: &Field) -> Result<bool> {
 }
 
 /// The zero value of an always-written field the message lacks.
-fn zero_json(field: &Field, out: &mut Vec<u8>, depth: u32) -> Result<()> {
+fn zero_json(cx: &mut Cx, field: &Field, out: &mut Vec<u8>, depth: u32) -> Result<()> {
     match field.kind {
         FieldKind::Str => out.extend_from_slice(b"\"\""),
         FieldKind::Bytes => out.extend_from_slice(b"null"),
         FieldKind::Bool => out.extend_from_slice(b"false"),
         FieldKind::I32 | FieldKind::I64 | FieldKind::F64 => out.push(b'0'),
-        FieldKind::M(_) => message_json(&[], sub(field.kind)?, out, depth + 1)?,
+        FieldKind::M(_) => message_json(cx, &[], sub(field.kind)?, out, depth + 1)?,
     }
     Ok(())
 }
 
 /// One value of a field (a single field's, or a repeated field's element).
-fn value_json(value: Wire<'_>, field: &Field, out: &mut Vec<u8>, depth: u32) -> Result<()> {
+fn value_json(
+    cx: &mut Cx,
+    value: Wire<'_>,
+    field: &Field,
+    out: &mut Vec<u8>,
+    depth: u32,
+) -> Result<()> {
     match (field.kind, value) {
         (FieldKind::Str, Wire::Bytes(b)) => string(out, b),
         (FieldKind::Bytes, Wire::Bytes(b)) => base64(out, b),
@@ -440,7 +491,7 @@ fn value_json(value: Wire<'_>, field: &Field, out: &mut Vec<u8>, depth: u32) -> 
             out.extend_from_slice(itoa::Buffer::new().format(v as i64).as_bytes());
         }
         (FieldKind::F64, Wire::Fixed64(v)) => float(out, f64::from_bits(v))?,
-        (FieldKind::M(_), Wire::Bytes(b)) => message_json(b, sub(field.kind)?, out, depth + 1)?,
+        (FieldKind::M(_), Wire::Bytes(b)) => message_json(cx, b, sub(field.kind)?, out, depth + 1)?,
         _ => return Err(err(format!("{}: wrong wire type", field.json))),
     }
     Ok(())
@@ -448,15 +499,17 @@ fn value_json(value: Wire<'_>, field: &Field, out: &mut Vec<u8>, depth: u32) -> 
 
 /// A map field's entries (messages of key 1 and value 2), sorted by key.
 fn map_json(
+    cx: &mut Cx,
     raw: &[u8],
-    layout: &Layout,
+    layout: Layout,
     i: usize,
     field: &Field,
     out: &mut Vec<u8>,
     depth: u32,
 ) -> Result<()> {
-    let mut entries: Vec<(&[u8], Option<Wire<'_>>)> = Vec::with_capacity(layout.count[i] as usize);
-    for entry in layout.values(raw, i, field.number) {
+    let mut entries: Vec<(&[u8], Option<Wire<'_>>)> =
+        Vec::with_capacity(layout.count(cx, i) as usize);
+    for entry in layout.values(cx, raw, i, field.number) {
         let Wire::Bytes(mut buf) = entry? else {
             return Err(err(format!("{}: wrong wire type", field.json)));
         };
@@ -470,9 +523,12 @@ fn map_json(
         }
         entries.push((k.unwrap_or_default(), v));
     }
-    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    if entries.windows(2).any(|w| w[0].0 == w[1].0) {
-        return Err(err(format!("{}: duplicate map key", field.json)));
+    // The marshaller writes them sorted already.
+    if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        if entries.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(err(format!("{}: duplicate map key", field.json)));
+        }
     }
     out.push(b'{');
     for (n, (k, v)) in entries.into_iter().enumerate() {
@@ -482,10 +538,10 @@ fn map_json(
         string(out, k);
         out.push(b':');
         match v {
-            Some(v) => value_json(v, field, out, depth)?,
+            Some(v) => value_json(cx, v, field, out, depth)?,
             // gogo's map unmarshal: an absent `[]byte` value is nil, any
             // other the zero value.
-            None => zero_json(field, out, depth)?,
+            None => zero_json(cx, field, out, depth)?,
         }
     }
     out.push(b'}');
@@ -494,6 +550,7 @@ fn map_json(
 
 /// A message value: an object of its fields, or a special type's form.
 fn message_json(
+    cx: &mut Cx,
     raw: &[u8],
     message: &'static Message,
     out: &mut Vec<u8>,
@@ -506,7 +563,7 @@ fn message_json(
         Special::Plain => {
             out.push(b'{');
             let mut first = true;
-            object_fields(raw, message, None, out, &mut first, depth)?;
+            object_fields(cx, raw, message, None, out, &mut first, depth)?;
             out.push(b'}');
         }
         Special::Time | Special::MicroTime => {
@@ -559,19 +616,20 @@ fn message_json(
         }
         Special::Wrapped => {
             let field = message.fields.first().ok_or_else(|| err(message.name))?;
-            let layout = Layout::of(raw, message)?;
-            if layout.count[0] == 0 {
+            let layout = Layout::of(cx, raw, message)?;
+            if layout.count(cx, 0) == 0 {
                 out.extend_from_slice(b"null");
             } else {
                 out.push(b'[');
-                for (n, v) in layout.values(raw, 0, field.number).enumerate() {
+                for (n, v) in layout.values(cx, raw, 0, field.number).enumerate() {
                     if n > 0 {
                         out.push(b',');
                     }
-                    value_json(v?, field, out, depth)?;
+                    value_json(cx, v?, field, out, depth)?;
                 }
                 out.push(b']');
             }
+            cx.slots.truncate(layout.base);
         }
         Special::Unsupported => return Err(err(format!("{} is not supported", message.name))),
     }
@@ -867,6 +925,14 @@ fn string(out: &mut Vec<u8>, s: &[u8]) {
 fn compact(out: &mut Vec<u8>, json: &[u8]) -> Result<()> {
     serde_json::from_slice::<serde::de::IgnoredAny>(json)
         .map_err(|e| err(format!("raw JSON: {e}")))?;
+    // As the apiserver stores it: compact, nothing to escape.
+    if !json
+        .iter()
+        .any(|&b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'<' | b'>' | b'&' | 0xe2))
+    {
+        out.extend_from_slice(json);
+        return Ok(());
+    }
     let mut in_string = false;
     let mut i = 0;
     while i < json.len() {
