@@ -11,10 +11,14 @@ fn message_of(kind: &str, api_version: &str) -> Option<&'static Message> {
         .or_else(|| message(&format!("k8s.io.apimachinery.pkg.apis.meta.v1.{kind}")))
 }
 
+/// A recorded object: its message, the `kind` and `apiVersion` it was sent
+/// with (none for a list item), its JSON.
+type Recorded = (&'static Message, Option<(String, String)>, String);
+
 /// Every object the recorded kube-apiserver v1.36.2 sent in JSON, as it
 /// sent it (keys in its order; the recording keeps them), with the
 /// `TypeMeta` it carried: objects alone with theirs, list items without.
-fn recorded() -> Vec<(&'static Message, Option<(String, String)>, String)> {
+fn recorded() -> Vec<Recorded> {
     let recorded: Value = serde_json::from_str(RECORDED).unwrap();
     let mut out = Vec::new();
     for case in recorded["cases"].as_array().unwrap() {
