@@ -226,6 +226,24 @@ pub(crate) async fn fixtures(env: &RealEnv, ns: &str, label: &str, node: &str) {
     .await;
 }
 
+/// Creates namespace `ns` with its `default` ServiceAccount (no
+/// kube-controller-manager runs to make one), unless they exist.
+pub(crate) async fn namespace_with_default_sa(direct: &Client, ns: &str) {
+    for (path, body) in [
+        (
+            "/api/v1/namespaces".to_string(),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        ),
+        (
+            format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        ),
+    ] {
+        let r = direct.post_json(&path, &body).await;
+        assert!(r.status == 201 || r.status == 409, "{}", r.text());
+    }
+}
+
 /// The collections and one object of each, as read in the tests.
 pub(crate) fn collections(ns: &str, label: &str, node: &str) -> Vec<(String, String)> {
     let sel = format!("labelSelector=test%3D{label}");
@@ -898,19 +916,7 @@ async fn an_older_proxy_passes_protobuf_through_rather_than_lose_a_field() {
     let direct = Client::new(&cp.url(), &cp.ca_pem(), admin.clone(), false);
     let through = proxy.client(admin);
     let ns = "pb-older";
-    for (path, body) in [
-        (
-            "/api/v1/namespaces".to_string(),
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        ),
-        (
-            format!("/api/v1/namespaces/{ns}/serviceaccounts"),
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
-        ),
-    ] {
-        let r = direct.post_json(&path, &body).await;
-        assert!(r.status == 201 || r.status == 409, "{}", r.text());
-    }
+    namespace_with_default_sa(&direct, ns).await;
     let pods = format!("/api/v1/namespaces/{ns}/pods");
     let pod = |name: &str, hostname: Option<&str>| {
         let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},

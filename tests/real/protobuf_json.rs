@@ -557,19 +557,7 @@ async fn an_older_proxy_reads_json_rather_than_lose_a_field() {
     let direct = Client::new(&cp.url(), &cp.ca_pem(), admin.clone(), false);
     let through = proxy.client(admin);
     let ns = "pbu-older";
-    for (path, body) in [
-        (
-            "/api/v1/namespaces".to_string(),
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        ),
-        (
-            format!("/api/v1/namespaces/{ns}/serviceaccounts"),
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
-        ),
-    ] {
-        let r = direct.post_json(&path, &body).await;
-        assert!(r.status == 201 || r.status == 409, "{}", r.text());
-    }
+    crate::protobuf::namespace_with_default_sa(&direct, ns).await;
     let pods = format!("/api/v1/namespaces/{ns}/pods");
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "newer"},
         "spec": {"nodeName": "older-pb-node", "hostname": "h-newer", "containers": [{"name": "c", "image": "i"}]}});

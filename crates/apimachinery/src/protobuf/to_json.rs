@@ -297,10 +297,7 @@ fn object_fields(
             Cardinality::One => one_field(cx, raw, layout, i, field, omit, out, first, depth)?,
             Cardinality::Repeated => {
                 if layout.count(cx, i) == 0 {
-                    if omit == Omit::Never {
-                        key(out, first, field.json);
-                        out.extend_from_slice(b"null");
-                    }
+                    nil(out, first, field, omit);
                     continue;
                 }
                 key(out, first, field.json);
@@ -325,10 +322,7 @@ fn object_fields(
             }
             Cardinality::Map => {
                 if layout.count(cx, i) == 0 {
-                    if omit == Omit::Never {
-                        key(out, first, field.json);
-                        out.extend_from_slice(b"null");
-                    }
+                    nil(out, first, field, omit);
                     continue;
                 }
                 key(out, first, field.json);
@@ -338,6 +332,14 @@ fn object_fields(
     }
     cx.slots.truncate(layout.base);
     Ok(())
+}
+
+/// A nil slice, map or pointer: `null`, unless `omitempty` leaves it out.
+fn nil(out: &mut Vec<u8>, first: &mut bool, field: &Field, omit: Omit) {
+    if omit == Omit::Never {
+        key(out, first, field.json);
+        out.extend_from_slice(b"null");
+    }
 }
 
 /// The `TypeMeta` the apiserver gives objects nested in a field, which
@@ -388,10 +390,7 @@ fn one_field(
         return match field.presence {
             // A nil pointer, `[]byte` or named slice.
             Presence::IfSet => {
-                if omit == Omit::Never {
-                    key(out, first, field.json);
-                    out.extend_from_slice(b"null");
-                }
+                nil(out, first, field, omit);
                 Ok(())
             }
             // Always written by the marshaller; absent, the zero value.
