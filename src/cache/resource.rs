@@ -49,7 +49,7 @@ pub struct ResourceInfo {
     pub codec: Option<Arc<ProtoCodec>>,
     /// Whether the cache reads upstream in protobuf (`cache.upstreamEncoding`,
     /// for a kind with a codec), until an object cannot be transcoded
-    /// ([`ResourceCache::upstream_json`]).
+    /// ([`ResourceCache::read_upstream_in_json`]).
     pub upstream_protobuf: bool,
 }
 
