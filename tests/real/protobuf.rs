@@ -226,6 +226,33 @@ pub(crate) async fn fixtures(env: &RealEnv, ns: &str, label: &str, node: &str) {
     .await;
 }
 
+/// The proxy binary as an older build would be, without `PodSpec.hostname`
+/// in its protobuf schema, on `config` with the admin's credentials as
+/// node `node`, once ready.
+pub(crate) async fn older_proxy(
+    cp: &'static kube_testenv::ControlPlane,
+    config: &str,
+    node: &str,
+) -> support::binary::Binary {
+    let admin_kubeconfig = cp.kubeconfig_text(&cp.url(), "admin", cp.admin());
+    let proxy = support::binary::Binary::start_with_env(
+        cp,
+        config,
+        |_| admin_kubeconfig,
+        node,
+        false,
+        &[(
+            "KUBE_CACHE_PROXY_TEST_HIDE_PROTOBUF_FIELDS",
+            "k8s.io.api.core.v1.PodSpec.hostname",
+        )],
+    );
+    eventually(Duration::from_secs(60), "the older proxy ready", || async {
+        matches!(proxy.admin_get("/readyz").await, Some((200, _))).then_some(())
+    })
+    .await;
+    proxy
+}
+
 /// Creates namespace `ns` with its `default` ServiceAccount (no
 /// kube-controller-manager runs to make one), unless they exist.
 pub(crate) async fn namespace_with_default_sa(direct: &Client, ns: &str) {
@@ -892,26 +919,10 @@ async fn tables_pass_through_to_the_apiserver() {
 async fn an_older_proxy_passes_protobuf_through_rather_than_lose_a_field() {
     use kube_testenv::ControlPlane;
     use support::Auth;
-    use support::binary::Binary;
     let Some(cp) = ControlPlane::shared().await else {
         return;
     };
-    let admin_kubeconfig = cp.kubeconfig_text(&cp.url(), "admin", cp.admin());
-    let proxy = Binary::start_with_env(
-        cp,
-        "config/kube-cache-proxy.yaml",
-        |_| admin_kubeconfig,
-        "older-node",
-        false,
-        &[(
-            "KUBE_CACHE_PROXY_TEST_HIDE_PROTOBUF_FIELDS",
-            "k8s.io.api.core.v1.PodSpec.hostname",
-        )],
-    );
-    eventually(Duration::from_secs(60), "the older proxy ready", || async {
-        matches!(proxy.admin_get("/readyz").await, Some((200, _))).then_some(())
-    })
-    .await;
+    let proxy = older_proxy(cp, "config/kube-cache-proxy.yaml", "older-node").await;
     let admin = Auth::Cert(cp.admin().clone());
     let direct = Client::new(&cp.url(), &cp.ca_pem(), admin.clone(), false);
     let through = proxy.client(admin);

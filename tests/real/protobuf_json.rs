@@ -513,7 +513,6 @@ async fn an_older_proxy_reads_json_rather_than_lose_a_field() {
     use kube_testenv::ControlPlane;
     use std::time::Duration;
     use support::Auth;
-    use support::binary::Binary;
     use support::real::{eventually, metric_sum};
     let Some(cp) = ControlPlane::shared().await else {
         return;
@@ -525,22 +524,8 @@ async fn an_older_proxy_reads_json_rather_than_lose_a_field() {
     let dir = support::env::tempdir();
     let config_path = dir.join("config.yaml");
     std::fs::write(&config_path, config).unwrap();
-    let admin_kubeconfig = cp.kubeconfig_text(&cp.url(), "admin", cp.admin());
-    let proxy = Binary::start_with_env(
-        cp,
-        config_path.to_str().unwrap(),
-        |_| admin_kubeconfig,
-        "older-pb-node",
-        false,
-        &[(
-            "KUBE_CACHE_PROXY_TEST_HIDE_PROTOBUF_FIELDS",
-            "k8s.io.api.core.v1.PodSpec.hostname",
-        )],
-    );
-    eventually(Duration::from_secs(60), "the older proxy ready", || async {
-        matches!(proxy.admin_get("/readyz").await, Some((200, _))).then_some(())
-    })
-    .await;
+    let proxy =
+        crate::protobuf::older_proxy(cp, config_path.to_str().unwrap(), "older-pb-node").await;
     let encoding = |resource: &'static str| {
         let proxy = &proxy;
         async move {

@@ -25,7 +25,7 @@ use std::ops::Range;
 use prost::encoding::{WireType, decode_key, decode_varint, encode_key, encode_varint};
 
 pub use schema_types::Message;
-pub use to_json::{ToJsonError, to_json};
+pub use to_json::to_json;
 pub use transcode::{TranscodeError, transcode, transcode_reference};
 
 /// The prefix of every protobuf-encoded object.

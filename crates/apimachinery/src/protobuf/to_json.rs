@@ -38,32 +38,18 @@
 //! schema lacks, a time outside years 0 to 9999, raw JSON that does not
 //! parse: an error, never a silently different object.
 
-use std::fmt;
-
 use base64::Engine;
 
 use super::schema::MESSAGES;
 use super::schema_types::{
     Cardinality, Field, FieldKind, JsonKey, Message, Omit, Presence, Special, TYPE_META,
 };
-use super::transcode::{ZERO_TIME_SECONDS, hidden};
+use super::transcode::{TranscodeError, ZERO_TIME_SECONDS, hidden};
 
-/// Why a message could not be written as JSON.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToJsonError(pub String);
+type Result<T> = std::result::Result<T, TranscodeError>;
 
-impl fmt::Display for ToJsonError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ToJsonError {}
-
-type Result<T> = std::result::Result<T, ToJsonError>;
-
-fn err(what: impl Into<String>) -> ToJsonError {
-    ToJsonError(what.into())
+fn err(what: impl Into<String>) -> TranscodeError {
+    TranscodeError(what.into())
 }
 
 /// Nesting deeper than this is refused (the JSON side's limit is 100).
