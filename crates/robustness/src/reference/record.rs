@@ -127,4 +127,28 @@ impl Reference {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Every recorded change, one line each in revision order per
+    /// resource (`rev resource namespace/name old -> new`, a version as
+    /// its trimmed object), for a post-mortem of an anomaly.
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        for (resource, history) in &self.histories {
+            for c in &history.changes {
+                let version = |v: &Option<super::Version>| match v {
+                    Some(v) => format!("{}@{}", v.object, v.rv),
+                    None => "-".to_string(),
+                };
+                out.push_str(&format!(
+                    "{} {resource} {}/{} {} -> {}\n",
+                    c.rev,
+                    c.key.namespace,
+                    c.key.name,
+                    version(&c.old),
+                    version(&c.new)
+                ));
+            }
+        }
+        out
+    }
 }

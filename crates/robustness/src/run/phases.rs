@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, anyhow};
 
 use crate::faults::{self, Context, FaultKind, Injected};
-use crate::model::{Segment, Start};
+use crate::model::{Observed, Segment, Start};
 use crate::reference::Reference;
 use crate::topology::Topology;
 use crate::validate::{self, Anomaly, Property, WatcherState};
@@ -218,6 +218,11 @@ pub async fn run(opts: &Options) -> Result<Report> {
     let mut all_segments = Vec::new();
     for e in &ended {
         report.changes += e.reference.len();
+        // Etcd's history as the reference recorded it, for a post-mortem.
+        let _ = std::fs::write(
+            dir.join(format!("history-{}.txt", e.index)),
+            e.reference.dump(),
+        );
         for (k, v) in e.recording.failures.lock().iter() {
             *report.failures.entry(k.clone()).or_default() += v;
         }
@@ -251,7 +256,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
         .iter()
         .map(|(epoch, s)| {
             format!(
-                "{:.3} {:.3} epoch {epoch} {} via {}: {:?} -> {:?}, {} items: {:?}\n",
+                "{:.3} {:.3} epoch {epoch} {} via {}: {:?} -> {:?}, {} items: {}\n",
                 s.started,
                 s.ended,
                 s.watcher,
@@ -259,7 +264,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
                 s.start_summary(),
                 s.end,
                 s.events.len(),
-                s.events.iter().take(3).collect::<Vec<_>>()
+                s.events.iter().map(brief).collect::<Vec<_>>().join(" ")
             )
         })
         .collect();
@@ -378,5 +383,24 @@ async fn validate_epoch(
                 }
             }
         }
+    }
+}
+
+/// An observed item in a few characters: `A ns/name@rv`, `B@rv` (a
+/// bookmark; `B@rv*` ending the initial events).
+fn brief(o: &Observed) -> String {
+    match o {
+        Observed::Event { kind, key, rv } => {
+            format!(
+                "{} {}/{}@{rv}",
+                &kind.as_str()[..1],
+                key.namespace,
+                key.name
+            )
+        }
+        Observed::Bookmark {
+            rv,
+            initial_events_end,
+        } => format!("B@{rv}{}", if *initial_events_end { "*" } else { "" }),
     }
 }
