@@ -112,6 +112,9 @@ struct Watch {
     last_rv: u64,
     bookmarks: bool,
     next_bookmark: Option<Instant>,
+    /// The bookmark timer fired; the bookmark waits for the events
+    /// before it (`settled_rv`).
+    bookmark_due: bool,
     interval: Duration,
     /// How long an event waits for more to be written with it
     /// (`cache.watchBatchMilliseconds`).
@@ -257,6 +260,7 @@ impl Watch {
             last_rv,
             bookmarks: params.bookmarks,
             next_bookmark: None,
+            bookmark_due: false,
             interval,
             batch,
             window: params.window,
@@ -548,6 +552,24 @@ impl Watch {
         }
     }
 
+    /// The cache's resourceVersion, when every event up to it that this
+    /// watcher selects has been written: read under the store lock with
+    /// the buffer empty and the watcher not lagging (the dispatcher sends
+    /// only under that lock). `None` while deliveries wait.
+    ///
+    /// A bookmark at a resourceVersion read otherwise (between finding
+    /// the buffer empty and reading it, the reflector can apply and
+    /// dispatch an event) could overtake that event. kube-apiserver's
+    /// cacher sends bookmarks through the watcher's input channel, in
+    /// order with the events (`cacheWatcher.processInterval`); a client
+    /// takes a bookmark's resourceVersion as its own, and a cache behind
+    /// this one (a node proxy behind a tier) ignores an event at or below
+    /// it as a repeat, so the event would be lost.
+    fn settled_rv(&self) -> Option<u64> {
+        let state = self.cache.lock();
+        (self.rx.is_empty() && !self.link.is_lagging()).then(|| state.rv())
+    }
+
     async fn live_chunk(&mut self) -> Option<Live> {
         loop {
             if let Some(chunk) = self.gather(None) {
@@ -568,6 +590,21 @@ impl Watch {
                     }
                     CatchUpStep::Frames(Some(chunk)) => return Some(Live::Events(chunk)),
                     CatchUpStep::Frames(None) => continue,
+                }
+            }
+            // A bookmark that came due is written once nothing is waiting
+            // for this watcher: see `settled_rv`.
+            if self.bookmark_due
+                && let Some(rv) = self.settled_rv()
+            {
+                self.bookmark_due = false;
+                // Only progress is worth a bookmark.
+                if rv > self.last_rv {
+                    self.last_rv = rv;
+                    return self
+                        .cache
+                        .bookmark_frame(rv, false, self.repr)
+                        .map(Live::Bookmark);
                 }
             }
             // The deadline is checked here as well as polled below: with
@@ -605,12 +642,7 @@ impl Watch {
                 }
                 _ = self.bookmark_timer.as_mut(), if bookmark_armed => {
                     self.set_next_bookmark(Instant::now());
-                    let rv = self.cache.rv();
-                    // Only progress is worth a bookmark.
-                    if rv > self.last_rv {
-                        self.last_rv = rv;
-                        return self.cache.bookmark_frame(rv, false, self.repr).map(Live::Bookmark);
-                    }
+                    self.bookmark_due = true;
                 }
             }
         }
@@ -805,6 +837,78 @@ mod tests {
         let t = Instant::now();
         assert_eq!(rvs(&w.next_chunk().await.unwrap()), [3]);
         assert!(t.elapsed() >= window, "the event after it is held");
+    }
+
+    /// A bookmark never runs ahead of an event the watch still has to
+    /// send: a downstream cache (a node proxy behind a tier) takes the
+    /// bookmark's resourceVersion as its own and ignores an event at or
+    /// below it as a repeat, so one that came after would be lost. The
+    /// watch selects every other change and is due a bookmark every
+    /// millisecond, while another thread applies changes as fast as the
+    /// watch reads them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bookmark_never_overtakes_an_event() {
+        let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
+            &prometheus::Registry::new(),
+            |r| r.bookmark_interval = Duration::from_millis(1),
+        ));
+        cache.replace(Vec::new(), 1);
+        let params = WatchParams {
+            bookmarks: true,
+            ..json_watch(
+                Filter {
+                    labels: apimachinery::selector::LabelSelector::parse("even").unwrap(),
+                    ..Filter::default()
+                },
+                Start::After(1),
+            )
+        };
+        let mut w = Watch::register(cache.clone(), params, CancellationToken::new()).unwrap();
+        const LAST: u64 = 100_000;
+        // What the watch has read: the writer stays within the history
+        // (100 events) of it.
+        let read = Arc::new(std::sync::atomic::AtomicU64::new(1));
+        let writer = {
+            let (cache, read) = (cache.clone(), read.clone());
+            std::thread::spawn(move || {
+                for i in 2..=LAST {
+                    while i > read.load(std::sync::atomic::Ordering::Relaxed) + 50 {
+                        std::thread::yield_now();
+                    }
+                    let label = if i % 2 == 0 {
+                        r#","labels":{"even":""}"#
+                    } else {
+                        ""
+                    };
+                    let json = format!(
+                        r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"name":"cm-{i}","namespace":"ns","resourceVersion":"{i}"{label}}}}}"#
+                    );
+                    let o = CachedObject::from_json(json.as_bytes(), FieldSet::Default, true);
+                    cache.apply(EventType::Added, o.unwrap());
+                }
+            })
+        };
+        let (mut bookmark, mut last, mut bookmarks) = (0, 0, 0);
+        while last < LAST {
+            let chunk = w.next_chunk().await.expect("the watch goes on");
+            for (kind, _, rv, _) in events(&chunk) {
+                if kind == "BOOKMARK" {
+                    assert!(rv >= last, "a bookmark at {rv} after an event at {last}");
+                    bookmark = rv;
+                    bookmarks += 1;
+                } else {
+                    assert!(
+                        rv > bookmark,
+                        "event at {rv} after a bookmark at {bookmark}"
+                    );
+                    assert_eq!(rv, last.max(1) + if last == 0 { 1 } else { 2 });
+                    last = rv;
+                }
+            }
+            read.store(last.max(bookmark), std::sync::atomic::Ordering::Relaxed);
+        }
+        writer.join().unwrap();
+        assert!(bookmarks > 10, "{bookmarks}");
     }
 
     /// A watch started from a given state (a consistent read upstream of
