@@ -8,7 +8,7 @@
 //! An object that cannot be transcoded exactly is [`Undecodable`]: the
 //! reflector then reads the resource in JSON from then on.
 
-use apimachinery::protobuf::{self, MAGIC, Message, fields, find_field, to_json};
+use apimachinery::protobuf::{self, Message, fields, find_field, to_json};
 
 use super::encode::ProtoCodec;
 
@@ -39,28 +39,7 @@ pub fn is_protobuf(headers: &http::HeaderMap) -> bool {
 /// A `runtime.Unknown` envelope (after the magic): its type meta's
 /// `apiVersion` and `kind`, and its `raw`.
 fn envelope(body: &[u8]) -> Result<(&str, &str, &[u8]), Undecodable> {
-    let e = body
-        .strip_prefix(MAGIC.as_slice())
-        .ok_or_else(|| undecodable("no protobuf magic"))?;
-    let (mut tm, mut raw) = (None, None);
-    for (n, _, r) in fields(e).ok_or_else(|| undecodable("malformed envelope"))? {
-        match n {
-            1 => tm = Some(&e[r]),
-            2 => raw = Some(&e[r]),
-            // contentEncoding, contentType: empty as the apiserver writes
-            // them.
-            3 | 4 if r.is_empty() => {}
-            _ => return Err(undecodable(format!("envelope field {n}"))),
-        }
-    }
-    let tm = tm.unwrap_or_default();
-    let text = |n| -> Result<&str, Undecodable> {
-        match find_field(tm, n) {
-            Some(r) => std::str::from_utf8(&tm[r]).map_err(|_| undecodable("type meta")),
-            None => Ok(""),
-        }
-    };
-    Ok((text(1)?, text(2)?, raw.unwrap_or_default()))
+    protobuf::open_envelope(body).map_err(|e| undecodable(e.0))
 }
 
 fn status_message() -> Option<&'static Message> {

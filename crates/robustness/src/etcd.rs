@@ -391,6 +391,19 @@ impl Etcd {
     }
 }
 
+/// An object as etcd holds it, as JSON: kube-apiserver stores built-in
+/// objects in protobuf by default (`--storage-media-type`), an envelope
+/// after the magic `k8s\0`, and custom resources in JSON. `None` for
+/// anything else (a marker key, an undecodable value).
+pub fn object_value(value: &[u8]) -> Option<Value> {
+    if value.starts_with(apimachinery::protobuf::MAGIC) {
+        let json = apimachinery::protobuf::object_json(value).ok()?;
+        serde_json::from_slice(&json).ok()
+    } else {
+        serde_json::from_slice(value).ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

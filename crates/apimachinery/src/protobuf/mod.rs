@@ -120,6 +120,45 @@ pub fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> (Vec<u8>, Range<us
     (out, start..end)
 }
 
+/// An envelope's `apiVersion`, `kind` and `raw` (the object's message):
+/// the inverse of [`envelope`]. `body` starts with the magic; fields 3 and
+/// 4 (`contentEncoding`, `contentType`) must be empty, as the apiserver
+/// writes them.
+pub fn open_envelope(body: &[u8]) -> Result<(&str, &str, &[u8]), TranscodeError> {
+    let bad = |what: &str| TranscodeError(what.to_string());
+    let e = body
+        .strip_prefix(MAGIC.as_slice())
+        .ok_or_else(|| bad("no protobuf magic"))?;
+    let (mut tm, mut raw) = (None, None);
+    for (n, _, r) in fields(e).ok_or_else(|| bad("malformed envelope"))? {
+        match n {
+            1 => tm = Some(&e[r]),
+            2 => raw = Some(&e[r]),
+            3 | 4 if r.is_empty() => {}
+            _ => return Err(TranscodeError(format!("envelope field {n}"))),
+        }
+    }
+    let tm = tm.unwrap_or_default();
+    let text = |n| match find_field(tm, n) {
+        Some(r) => std::str::from_utf8(&tm[r]).map_err(|_| bad("type meta")),
+        None => Ok(""),
+    };
+    Ok((text(1)?, text(2)?, raw.unwrap_or_default()))
+}
+
+/// The JSON the apiserver sends for a built-in object stored or sent in
+/// protobuf (`body`: an envelope, as etcd holds it with the apiserver's
+/// default `--storage-media-type`), with its `kind` and `apiVersion`.
+pub fn object_json(body: &[u8]) -> Result<Vec<u8>, TranscodeError> {
+    let (api_version, kind, raw) = open_envelope(body)?;
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let message = message_for(group, version, kind)
+        .ok_or_else(|| TranscodeError(format!("no message for {api_version} {kind}")))?;
+    let mut out = Vec::with_capacity(raw.len() * 2);
+    to_json(raw, message, Some((kind, api_version)), &mut out)?;
+    Ok(out)
+}
+
 /// A watch stream frame: the big-endian length, then
 /// `WatchEvent{type, object: {raw: envelope}}`.
 pub fn watch_frame(event_type: &str, envelope: &[u8]) -> Vec<u8> {

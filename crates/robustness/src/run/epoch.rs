@@ -61,7 +61,7 @@ impl Epoch {
         for r in Resource::ALL {
             for kv in topo.etcd.range_prefix(r.etcd_prefix(), start_rev).await? {
                 if let Some((resource, key)) = Resource::of_etcd_key(&kv.key)
-                    && let Ok(v) = serde_json::from_slice(&kv.value)
+                    && let Some(v) = crate::etcd::object_value(&kv.value)
                 {
                     base.push((resource, key, kv.mod_revision, v));
                 }

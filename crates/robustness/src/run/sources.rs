@@ -40,14 +40,8 @@ pub(super) async fn record(
                 WatchMsg::Progress(rev) => r.progress(rev),
                 WatchMsg::Events(changes) => {
                     for c in changes {
-                        let value = c
-                            .value
-                            .as_deref()
-                            .and_then(|v| serde_json::from_slice(v).ok());
-                        let prev = c
-                            .prev
-                            .as_deref()
-                            .and_then(|v| serde_json::from_slice(v).ok());
+                        let value = c.value.as_deref().and_then(crate::etcd::object_value);
+                        let prev = c.prev.as_deref().and_then(crate::etcd::object_value);
                         let deleted = c.value.is_none();
                         if deleted
                             || value.is_some()

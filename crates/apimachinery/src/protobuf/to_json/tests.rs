@@ -258,3 +258,26 @@ fn a_pod_with_every_special_type() {
     let json = r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns","uid":"u","resourceVersion":"5","creationTimestamp":"2024-01-02T03:04:05Z","labels":{"a":"b"},"managedFields":[{"manager":"m","operation":"Update","apiVersion":"v1","time":"2024-01-02T03:04:05Z","fieldsType":"FieldsV1","fieldsV1":{"f:metadata":{"f:labels":{".":{},"f:a":{}}}}}]},"spec":{"volumes":[{"name":"v","configMap":{"name":"c","defaultMode":420}}],"containers":[{"name":"c","image":"i","ports":[{"containerPort":80,"protocol":"TCP"}],"resources":{"limits":{"cpu":"500m","memory":"1Gi"}},"livenessProbe":{"httpGet":{"path":"/","port":"http","scheme":"HTTP"},"timeoutSeconds":1,"periodSeconds":10,"successThreshold":1,"failureThreshold":3},"terminationMessagePath":"/dev/termination-log","terminationMessagePolicy":"File","imagePullPolicy":"Always"}],"restartPolicy":"Always","terminationGracePeriodSeconds":30,"dnsPolicy":"ClusterFirst","securityContext":{},"schedulerName":"default-scheduler","tolerations":[{"key":"k","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}],"priority":0,"enableServiceLinks":true,"preemptionPolicy":"PreemptLowerPriority"},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True","lastProbeTime":null,"lastTransitionTime":"2024-01-02T03:04:06Z"}],"startTime":"2024-01-02T03:04:05Z","qosClass":"Burstable"}}"#;
     assert_eq!(round_trip(pod, Some(("Pod", "v1")), json).unwrap(), json);
 }
+
+/// An envelope, as etcd holds an object with the apiserver's default
+/// storage media type, reads back as the object alone with its type meta;
+/// anything else is refused.
+#[test]
+fn an_envelope_reads_back_as_the_object_with_its_kind() {
+    let mut checked = 0;
+    for (m, type_meta, json) in recorded() {
+        let Some((kind, api_version)) = type_meta else {
+            continue;
+        };
+        let mut raw = Vec::new();
+        transcode(json.as_bytes(), m, &mut raw).unwrap();
+        let (envelope, _) = crate::protobuf::envelope(&api_version, &kind, &raw);
+        let back = crate::protobuf::object_json(&envelope).unwrap();
+        assert_eq!(String::from_utf8(back).unwrap(), json, "{kind}");
+        checked += 1;
+    }
+    assert!(checked >= 3, "{checked}");
+    assert!(crate::protobuf::object_json(b"{\"kind\":\"Pod\"}").is_err());
+    let (unknown, _) = crate::protobuf::envelope("example.com/v1", "Widget", b"");
+    assert!(crate::protobuf::object_json(&unknown).is_err());
+}
