@@ -142,10 +142,6 @@ impl Topology {
     /// Starts everything and waits until every proxy is ready.
     pub async fn start(shape: &Shape, proxy_bin: &Path, dir: &Path) -> Result<Topology> {
         let cp = ControlPlane::start(Options {
-            apiserver_args: vec![
-                // etcd's values as JSON: the reference reads them.
-                "--storage-media-type=application/json".into(),
-            ],
             apiservers: shape.apiservers,
             etcd_members: shape.etcd_members,
             ..Options::default()

@@ -1,8 +1,10 @@
 //! etcd's own history, the reference every watch stream is validated
 //! against.
 //!
-//! kube-apiserver runs with `--storage-media-type=application/json`, so an
-//! etcd value is the object's JSON; an object's resourceVersion is its etcd
+//! kube-apiserver runs with its default storage media type, so an etcd
+//! value is the object's protobuf envelope, read back as the JSON the
+//! apiserver would send (`apimachinery::protobuf::object_json`; a value in
+//! JSON is read as it is); an object's resourceVersion is its etcd
 //! `mod_revision`, and a deletion's resourceVersion is the revision of the
 //! DELETE. The run records the state at a start revision (an etcd range)
 //! and an etcd watch from there; [`Reference`] is fed with both, already
