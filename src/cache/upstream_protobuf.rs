@@ -12,10 +12,12 @@ use apimachinery::protobuf::{self, Message, fields, find_field, to_json};
 
 use super::encode::ProtoCodec;
 
-/// A list's `Accept`.
-pub const LIST_ACCEPT: &str = "application/vnd.kubernetes.protobuf";
-/// A watch's `Accept`: length-prefixed frames.
-pub const WATCH_ACCEPT: &str = "application/vnd.kubernetes.protobuf;stream=watch";
+/// A list's `Accept`: protobuf, or JSON from a server that cannot encode
+/// the kind in protobuf (as client-go asks,
+/// `application/vnd.kubernetes.protobuf,application/json`).
+pub const LIST_ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
+/// A watch's `Accept`: length-prefixed frames, or JSON as for a list.
+pub const WATCH_ACCEPT: &str = "application/vnd.kubernetes.protobuf;stream=watch, application/json";
 
 /// What could not be read as the apiserver's protobuf, or not written as
 /// its JSON.
@@ -33,7 +35,7 @@ pub fn is_protobuf(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with(LIST_ACCEPT))
+        .is_some_and(|v| v.starts_with(protobuf::CONTENT_TYPE))
 }
 
 /// A `runtime.Unknown` envelope (after the magic): its type meta's

@@ -504,6 +504,27 @@ async fn a_cache_reading_upstream_in_protobuf_answers_as_the_apiserver() {
         &[],
     );
     assert_eq!(fallbacks, 0.0);
+    // The reflector's `Accept` offers JSON after protobuf (for a server
+    // that cannot encode the kind so): the apiserver picks protobuf.
+    use kube_cache_proxy::cache::upstream_protobuf::{LIST_ACCEPT, WATCH_ACCEPT};
+    for (path, accept, content_type) in [
+        (
+            "/api/v1/pods?limit=1",
+            LIST_ACCEPT,
+            "application/vnd.kubernetes.protobuf",
+        ),
+        (
+            "/api/v1/pods?watch=true&timeoutSeconds=1",
+            WATCH_ACCEPT,
+            "application/vnd.kubernetes.protobuf;stream=watch",
+        ),
+    ] {
+        let r = direct
+            .send(Method::GET, path, &[("accept", accept)], None)
+            .await;
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.header("content-type"), Some(content_type), "{path}");
+    }
 }
 
 /// A proxy older than the apiserver (a field hidden from its schema) that
