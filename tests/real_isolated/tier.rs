@@ -4,6 +4,8 @@
 //! with its node's client certificate) whose upstream is the tier and whose
 //! fallback is the apiserver, and K hollow kubelets (kubemark) behind them.
 //!
+//! - the tier's own requests upstream are in its own API Priority and
+//!   Fairness level (`manifests/tier/flowcontrol.yaml`);
 //! - every kubelet registers, becomes Ready and runs its pods, each with a
 //!   ConfigMap and a Secret volume;
 //! - the apiserver serves only the tier's watches: per resource exactly
@@ -82,6 +84,11 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
     )
     .await;
     apply(&admin, include_str!("../../manifests/tier/rbac.yaml")).await;
+    apply(
+        &admin,
+        include_str!("../../manifests/tier/flowcontrol.yaml"),
+    )
+    .await;
     if !cp.has_constrained_impersonation() {
         apply(
             &admin,
@@ -294,6 +301,21 @@ async fn node_proxies_behind_a_tier_keep_the_apiservers_watches_flat() {
         )
         .await;
     }
+    // The tier's own requests (its reviews, lists and watches) are in its
+    // own priority level (manifests/tier/flowcontrol.yaml), not in the
+    // default `kube-system-service-accounts` schema's `workload-high`.
+    let own_level = metric_sum(
+        &admin.get("/metrics").await.text(),
+        "apiserver_flowcontrol_dispatched_requests_total",
+        &[
+            ("flow_schema", "kube-cache-proxy-tier"),
+            ("priority_level", "kube-cache-proxy-tier"),
+        ],
+    );
+    assert!(
+        own_level >= k as f64,
+        "the tier's requests in its priority level: {own_level}"
+    );
     let cpu = |m: &str| metric_sum(m, "process_cpu_seconds_total", &[]);
     let rss = |m: &str| metric_sum(m, "process_resident_memory_bytes", &[]);
     let m0 = admin.get("/metrics").await.text();

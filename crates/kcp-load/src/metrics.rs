@@ -120,6 +120,18 @@ pub fn growth(
     out
 }
 
+/// [`growth`] as one line, `a/b=n c/d=m` ("none" when nothing grew).
+pub fn growth_line(before: &[Sample], after: &[Sample], name: &str, keys: &[&str]) -> String {
+    let g = growth(before, after, name, keys);
+    if g.is_empty() {
+        return "none".into();
+    }
+    g.iter()
+        .map(|(k, v)| format!("{}={v:.0}", k.join("/")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -332,6 +332,11 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         )
         .await?;
         apply(&admin, include_str!("../../../manifests/tier/rbac.yaml")).await?;
+        apply(
+            &admin,
+            include_str!("../../../manifests/tier/flowcontrol.yaml"),
+        )
+        .await?;
         let token = tier_token(&admin).await?;
         for i in 0..2 {
             tier.push(TierReplica::start(
@@ -658,6 +663,15 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
     pods.wait_running(0, Duration::from_secs(900)).await?;
 
     let api1 = apiserver_metrics(&admin).await?;
+    println!(
+        "  API Priority and Fairness, whole run: rejected {}",
+        metrics::growth_line(
+            &api0,
+            &api1,
+            "apiserver_flowcontrol_rejected_requests_total",
+            &["priority_level", "flow_schema", "reason"],
+        )
+    );
     if !proxies.is_empty() {
         print_proxies_upstream("whole run", &[], &proxies_metrics(&proxies).await);
     }

@@ -28,6 +28,7 @@ const NODE_RBAC: &str = include_str!("../../../manifests/node/rbac.yaml");
 const TIER_CONFIG: &str = include_str!("../../../manifests/tier/config.yaml");
 const TIER_RBAC: &str = include_str!("../../../manifests/tier/rbac.yaml");
 const TIER_SERVICE_ACCOUNT: &str = include_str!("../../../manifests/tier/serviceaccount.yaml");
+const TIER_FLOWCONTROL: &str = include_str!("../../../manifests/tier/flowcontrol.yaml");
 /// For apiservers without constrained impersonation (1.34, 1.35 by
 /// default): the tier's legacy impersonation of its nodes.
 const TIER_LEGACY_RBAC: &str =
@@ -173,7 +174,7 @@ impl Topology {
             Auth::Cert(cp.admin().clone()),
             false,
         )?;
-        for manifest in [NODE_RBAC, TIER_SERVICE_ACCOUNT, TIER_RBAC] {
+        for manifest in [NODE_RBAC, TIER_SERVICE_ACCOUNT, TIER_RBAC, TIER_FLOWCONTROL] {
             apply(&admin, manifest).await?;
         }
         // Where an apiserver without constrained impersonation serves, now
@@ -582,7 +583,8 @@ async fn create(admin: &Client, path: &str, body: &Value) -> Result<Value> {
 }
 
 /// Creates the objects of a manifest (ServiceAccounts, ClusterRoles,
-/// ClusterRoleBindings, Roles, RoleBindings).
+/// ClusterRoleBindings, Roles, RoleBindings, PriorityLevelConfigurations,
+/// FlowSchemas).
 async fn apply(admin: &Client, manifest: &str) -> Result<()> {
     for doc in manifest.split("\n---\n") {
         let obj: Value = match serde_saphyr::from_str(doc) {
@@ -600,6 +602,10 @@ async fn apply(admin: &Client, manifest: &str) -> Result<()> {
                 format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings")
             }
             "ServiceAccount" => format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            "PriorityLevelConfiguration" => {
+                "/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations".to_string()
+            }
+            "FlowSchema" => "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas".to_string(),
             other => bail!("unexpected {other} in a manifest"),
         };
         create(admin, &path, &obj).await?;

@@ -375,7 +375,8 @@ pub fn json_or_null(r: &Resp) -> Value {
 }
 
 /// Creates every object of a manifest (ClusterRoles, ClusterRoleBindings,
-/// ServiceAccounts in kube-system) as `admin`; existing ones are fine.
+/// ServiceAccounts in kube-system, PriorityLevelConfigurations,
+/// FlowSchemas) as `admin`; existing ones are fine.
 pub async fn apply(admin: &Client, manifest: &str) {
     apply_in(admin, "kube-system", manifest).await;
 }
@@ -393,6 +394,10 @@ pub async fn apply_in(admin: &Client, namespace: &str, manifest: &str) {
             "ClusterRoleBinding" => {
                 "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_string()
             }
+            "PriorityLevelConfiguration" => {
+                "/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations".to_string()
+            }
+            "FlowSchema" => "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas".to_string(),
             "ServiceAccount" => format!("/api/v1/namespaces/{namespace}/serviceaccounts"),
             other => panic!("unexpected {other}"),
         };

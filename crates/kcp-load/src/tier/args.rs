@@ -44,6 +44,11 @@ pub struct TierArgs {
     /// `manifests/tier/config.yaml`'s).
     #[arg(long, value_name = "MS")]
     pub watch_batch_ms: Option<u64>,
+    /// Leave out `manifests/tier/flowcontrol.yaml` (the tier's own
+    /// priority level): its requests then fall to the default FlowSchema
+    /// `kube-system-service-accounts` (level `workload-high`).
+    #[arg(long)]
+    pub no_flowcontrol: bool,
     /// How long to wait for every watch after the restart, in seconds.
     #[arg(long, default_value_t = 180)]
     pub recovery_timeout: u64,

@@ -20,6 +20,7 @@ use super::restart::relist_storm;
 use super::seed::{NAMESPACE, apply, node_name, object_name, seed, writer};
 use crate::client::Target;
 use crate::env::temp_dir;
+use crate::metrics::{self, Sample};
 use crate::real::Skip;
 
 /// Runs every mode and prints the table.
@@ -84,6 +85,13 @@ async fn run_on(
         include_str!("../../../../manifests/node/rbac.yaml"),
     ] {
         apply(admin, manifest).await?;
+    }
+    if !a.no_flowcontrol {
+        apply(
+            admin,
+            include_str!("../../../../manifests/tier/flowcontrol.yaml"),
+        )
+        .await?;
     }
     seed(admin, a.nodes, a.services).await?;
 
@@ -220,6 +228,7 @@ async fn run_on(
         shared.lists.load(Ordering::Relaxed),
         shared.failures.load(Ordering::Relaxed),
     );
+    print_start_flowcontrol(&m_before_start, &m_started, &replicas).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     // Steady writes.
@@ -330,4 +339,33 @@ async fn wait_open(shared: &Shared, total: usize, timeout: Duration) -> Result<(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// What API Priority and Fairness did to the start: the requests it
+/// rejected, by priority level and reason, and the tier replicas'
+/// authorization decisions so far by result and source (a review shed or
+/// past its 2 s is `error`, or `allowed/last_known` where a last decision
+/// stood in).
+async fn print_start_flowcontrol(before: &[Sample], after: &[Sample], replicas: &[TierReplica]) {
+    let mut decisions = Vec::new();
+    for r in replicas {
+        if let Ok(m) = r.metrics().await {
+            decisions.extend(m);
+        }
+    }
+    println!(
+        "  start: APF rejected {}; tier authorization decisions {}",
+        metrics::growth_line(
+            before,
+            after,
+            "apiserver_flowcontrol_rejected_requests_total",
+            &["priority_level", "reason"],
+        ),
+        metrics::growth_line(
+            &[],
+            &decisions,
+            "kube_cache_proxy_authorization_total",
+            &["result", "source"],
+        ),
+    );
 }

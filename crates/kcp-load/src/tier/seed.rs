@@ -138,8 +138,8 @@ async fn create(target: &Target, conn: &mut Conn, path: &str, body: &Value) -> R
     }
 }
 
-/// Applies the ServiceAccount, ClusterRoles and ClusterRoleBindings of a
-/// manifest.
+/// Applies the ServiceAccount, ClusterRoles, ClusterRoleBindings,
+/// PriorityLevelConfigurations and FlowSchemas of a manifest.
 pub async fn apply(admin: &Target, manifest: &str) -> Result<()> {
     let mut conn = admin.connect(Proto::H1).await?;
     for doc in manifest.split("\n---\n") {
@@ -152,6 +152,10 @@ pub async fn apply(admin: &Target, manifest: &str) -> Result<()> {
             "ClusterRoleBinding" => {
                 "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_string()
             }
+            "PriorityLevelConfiguration" => {
+                "/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations".to_string()
+            }
+            "FlowSchema" => "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas".to_string(),
             "ServiceAccount" => format!(
                 "/api/v1/namespaces/{}/serviceaccounts",
                 obj["metadata"]["namespace"].as_str().unwrap_or("default")
