@@ -109,7 +109,14 @@ struct Watch {
     phase: Phase,
     initial_events_end: bool,
     min_rv: u64,
-    last_rv: u64,
+    /// The resourceVersion the watch's initial events reach: its start,
+    /// its snapshot's, or the last event of the history it replayed. A
+    /// periodic bookmark is written only beyond it, whatever events were
+    /// written since: kube-apiserver's cacher passes a watcher an event
+    /// only when newer than that (`cacheWatcher.processInterval`, then
+    /// `process`), so a watcher that selects every change still gets its
+    /// bookmark a minute, at the last event's resourceVersion.
+    initial_rv: u64,
     bookmarks: bool,
     next_bookmark: Option<Instant>,
     /// The bookmark timer fired; the bookmark waits for the events
@@ -225,7 +232,7 @@ impl Watch {
         } else {
             cache.read.watch_batch
         };
-        let (phase, last_rv) = match reg.snapshot {
+        let (phase, initial_rv) = match reg.snapshot {
             Some((objects, rv)) => {
                 let upper = upper_bound(&params.prefix);
                 (
@@ -257,7 +264,7 @@ impl Watch {
             phase,
             initial_events_end: params.initial_events_end,
             min_rv: reg.min_rv,
-            last_rv,
+            initial_rv,
             bookmarks: params.bookmarks,
             next_bookmark: None,
             bookmark_due: false,
@@ -325,7 +332,7 @@ impl Watch {
                                 }
                             }
                         }
-                        self.last_rv = e.rv;
+                        self.initial_rv = self.initial_rv.max(e.rv);
                     }
                     if *next >= events.len() {
                         self.phase = Phase::Live;
@@ -404,7 +411,7 @@ impl Watch {
                     None => self.done = true,
                 }
             }
-            self.last_rv = rv;
+            self.initial_rv = rv;
             let then = std::mem::take(then);
             self.phase = if then.is_empty() {
                 Phase::Live
@@ -445,7 +452,6 @@ impl Watch {
             let Some(frame) = self.frame_of(&d) else {
                 break;
             };
-            self.last_rv = self.last_rv.max(d.rv);
             match lone.take() {
                 Some(prev) => {
                     buf.extend_from_slice(&prev);
@@ -496,7 +502,6 @@ impl Watch {
             && let Some(frame) = self.frame_of(&d)
         {
             buf.extend_from_slice(&frame);
-            self.last_rv = self.last_rv.max(d.rv);
         }
     }
 
@@ -598,9 +603,10 @@ impl Watch {
                 && let Some(rv) = self.settled_rv()
             {
                 self.bookmark_due = false;
-                // Only progress is worth a bookmark.
-                if rv > self.last_rv {
-                    self.last_rv = rv;
+                // As the cacher: a bookmark beyond the initial events,
+                // even at the resourceVersion of the last event written
+                // (or of the last bookmark) when nothing moved since.
+                if rv > self.initial_rv {
                     return self
                         .cache
                         .bookmark_frame(rv, false, self.repr)
@@ -909,6 +915,63 @@ mod tests {
         }
         writer.join().unwrap();
         assert!(bookmarks > 10, "{bookmarks}");
+    }
+
+    /// Bookmarks as kube-apiserver's cacher sends them: one each interval
+    /// once the cache has moved beyond the watch's initial events, even to
+    /// a watch that selects every change (the bookmark is then at its last
+    /// event's resourceVersion) and while nothing moves (at the same
+    /// resourceVersion again); none while the cache is where the watch
+    /// started.
+    #[tokio::test]
+    async fn a_watch_gets_its_bookmarks_whatever_it_was_sent() {
+        let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
+            &prometheus::Registry::new(),
+            |r| r.bookmark_interval = Duration::from_millis(40),
+        ));
+        cache.replace(Vec::new(), 1);
+        let watch = |fields: &str| {
+            let params = WatchParams {
+                bookmarks: true,
+                ..fields_watch(fields)
+            };
+            Watch::register(cache.clone(), params, CancellationToken::new()).unwrap()
+        };
+        let mut quiet = watch("");
+        let none = tokio::time::timeout(Duration::from_millis(200), quiet.next_chunk()).await;
+        assert!(none.is_err(), "a bookmark at the start: {none:?}");
+
+        let mut all = watch("");
+        let writer = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                for i in 2..=30 {
+                    cache.apply(EventType::Added, cm(i));
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        };
+        let (mut last, mut bookmarks) = (1, Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Until two bookmarks after the last change, at its RV.
+        while !bookmarks.ends_with(&[30, 30]) {
+            let chunk = tokio::time::timeout_at(deadline, all.next_chunk()).await;
+            let chunk = chunk.unwrap_or_else(|_| panic!("bookmarks: {bookmarks:?}"));
+            for (kind, _, rv, _) in events(&chunk.unwrap()) {
+                if kind == "BOOKMARK" {
+                    assert_eq!(rv, last, "a bookmark at the last event's RV");
+                    bookmarks.push(rv);
+                } else {
+                    assert_eq!(rv, last + 1);
+                    last = rv;
+                }
+            }
+        }
+        writer.await.unwrap();
+        assert!(
+            bookmarks.iter().filter(|&&rv| rv < 30).count() >= 2,
+            "while every change was sent: {bookmarks:?}"
+        );
     }
 
     /// A watch started from a given state (a consistent read upstream of

@@ -475,6 +475,28 @@ async fn watches_match_the_apiserver() {
         bookmarks(&p) > 0,
         "a bookmark before the timeout: direct {d:?}, proxy {p:?}"
     );
+    // The same after one change the watch was sent: the cacher's bookmark
+    // goes to a watch once anything happened since it started, even at
+    // the resourceVersion of the event it already sent.
+    let rv = env.current_rv().await;
+    let (w, b) = (writer.clone(), base.clone());
+    let (d, p) = same_watch(
+        &direct,
+        &proxy,
+        &format!("{base}?watch=1&resourceVersion={rv}&timeoutSeconds=3&allowWatchBookmarks=true"),
+        1,
+        Duration::from_secs(6),
+        || async move {
+            let created = w.post_json(&b, &configmap("cm-bookmark", json!({}))).await;
+            assert_eq!(created.status, 201);
+        },
+    )
+    .await;
+    assert!(d.ended && p.ended);
+    assert!(
+        bookmarks(&d) > 0 && bookmarks(&p) > 0,
+        "a bookmark after the event: direct {d:?}, proxy {p:?}"
+    );
 
     // Errors that are not streams.
     for q in [
