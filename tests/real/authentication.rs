@@ -366,15 +366,11 @@ async fn metrics_beyond_loopback_need_authentication_and_authorization() {
     // The identity monitoring/podmonitor.yaml scrapes with
     // (monitoring/scraper.yaml; a TokenRequest stands in for the Secret
     // the token controller would fill): /metrics, and nothing else.
-    for doc in include_str!("../../manifests/monitoring/scraper.yaml").split("\n---\n") {
-        let obj: serde_json::Value = serde_saphyr::from_str(doc).unwrap();
-        let path = match obj["kind"].as_str().unwrap() {
-            "ServiceAccount" => "/api/v1/namespaces/kube-system/serviceaccounts",
-            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            "ClusterRoleBinding" => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            _ => continue,
-        };
-        env.create(path, obj).await;
+    let manifest = include_str!("../../manifests/monitoring/scraper.yaml");
+    for o in kube_testenv::manifest::objects(manifest, "kube-system").unwrap() {
+        if o.body["kind"] != "Secret" {
+            env.create(&o.collection, o.body).await;
+        }
     }
     let reader = env
         .token("kube-system", "kube-cache-proxy-metrics-reader", &[])

@@ -119,20 +119,7 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
         Auth::Cert(cp.admin().clone()),
         false,
     );
-    for manifest in [include_str!("../../manifests/node/rbac.yaml")] {
-        for doc in manifest.split("\n---\n") {
-            let obj: serde_json::Value = match serde_saphyr::from_str(doc) {
-                Ok(serde_json::Value::Null) | Err(_) => continue,
-                Ok(v) => v,
-            };
-            let path = match obj["kind"].as_str().unwrap() {
-                "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-                _ => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            };
-            let r = admin.post_json(path, &obj).await;
-            assert!(r.status == 201 || r.status == 409, "{}", r.text());
-        }
-    }
+    support::real::apply(&admin, include_str!("../../manifests/node/rbac.yaml")).await;
     for (path, body) in [
         (
             "/api/v1/namespaces".to_string(),

@@ -18,27 +18,9 @@ use serde_json::{Value, json};
 use support::Auth;
 use support::binary::{Binary, can_drop_capabilities};
 use support::client::Client;
-use support::real::{Isolated, RealEnv, eventually, metric_sum};
+use support::real::{Isolated, RealEnv, apply, eventually, metric_sum};
 
 const NODE: &str = "lp-node";
-
-/// Creates every object of a multi-document manifest.
-async fn apply(admin: &Client, manifest: &str) {
-    for doc in manifest.split("\n---\n") {
-        let obj: Value = match serde_saphyr::from_str(doc) {
-            Ok(Value::Null) | Err(_) => continue,
-            Ok(v) => v,
-        };
-        let kind = obj["kind"].as_str().unwrap();
-        let collection = match kind {
-            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            "ClusterRoleBinding" => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            other => panic!("unexpected {other} in the RBAC manifest"),
-        };
-        let r = admin.post_json(collection, &obj).await;
-        assert!(r.status == 201 || r.status == 409, "{kind}: {}", r.text());
-    }
-}
 
 /// A request to make: what it is, method, path, headers, body.
 type Probe = (

@@ -582,33 +582,11 @@ async fn create(admin: &Client, path: &str, body: &Value) -> Result<Value> {
     }
 }
 
-/// Creates the objects of a manifest (ServiceAccounts, ClusterRoles,
-/// ClusterRoleBindings, Roles, RoleBindings, PriorityLevelConfigurations,
-/// FlowSchemas).
+/// Creates the objects of a manifest, the namespaced ones in kube-system
+/// (as the manifests' kustomizations do).
 async fn apply(admin: &Client, manifest: &str) -> Result<()> {
-    for doc in manifest.split("\n---\n") {
-        let obj: Value = match serde_saphyr::from_str(doc) {
-            Ok(Value::Null) | Err(_) => continue,
-            Ok(v) => v,
-        };
-        let ns = obj["metadata"]["namespace"].as_str().unwrap_or("default");
-        let path = match obj["kind"].as_str().unwrap_or_default() {
-            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles".to_string(),
-            "ClusterRoleBinding" => {
-                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_string()
-            }
-            "Role" => format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles"),
-            "RoleBinding" => {
-                format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings")
-            }
-            "ServiceAccount" => format!("/api/v1/namespaces/{ns}/serviceaccounts"),
-            "PriorityLevelConfiguration" => {
-                "/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations".to_string()
-            }
-            "FlowSchema" => "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas".to_string(),
-            other => bail!("unexpected {other} in a manifest"),
-        };
-        create(admin, &path, &obj).await?;
+    for o in kube_testenv::manifest::objects(manifest, "kube-system")? {
+        create(admin, &o.collection, &o.body).await?;
     }
     Ok(())
 }

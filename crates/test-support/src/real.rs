@@ -374,34 +374,17 @@ pub fn json_or_null(r: &Resp) -> Value {
     serde_json::from_slice(&r.body).unwrap_or(Value::Null)
 }
 
-/// Creates every object of a manifest (ClusterRoles, ClusterRoleBindings,
-/// ServiceAccounts in kube-system, PriorityLevelConfigurations,
-/// FlowSchemas) as `admin`; existing ones are fine.
+/// Creates every object of a manifest as `admin`, the namespaced ones in
+/// kube-system; existing ones are fine.
 pub async fn apply(admin: &Client, manifest: &str) {
     apply_in(admin, "kube-system", manifest).await;
 }
 
-/// [`apply`] with the ServiceAccounts in `namespace` (as `kubectl apply
-/// -k` with the kustomization's namespace).
+/// [`apply`] with the namespaced objects in `namespace` (as `kubectl
+/// apply -k` with the kustomization's namespace).
 pub async fn apply_in(admin: &Client, namespace: &str, manifest: &str) {
-    for doc in manifest.split("\n---\n") {
-        let obj: Value = match serde_saphyr::from_str(doc) {
-            Ok(Value::Null) | Err(_) => continue,
-            Ok(v) => v,
-        };
-        let collection = match obj["kind"].as_str().unwrap() {
-            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles".to_string(),
-            "ClusterRoleBinding" => {
-                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_string()
-            }
-            "PriorityLevelConfiguration" => {
-                "/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations".to_string()
-            }
-            "FlowSchema" => "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas".to_string(),
-            "ServiceAccount" => format!("/api/v1/namespaces/{namespace}/serviceaccounts"),
-            other => panic!("unexpected {other}"),
-        };
-        let r = admin.post_json(&collection, &obj).await;
+    for o in kube_testenv::manifest::objects(manifest, namespace).unwrap() {
+        let r = admin.post_json(&o.collection, &o.body).await;
         assert!(r.status == 201 || r.status == 409, "{}", r.text());
     }
 }

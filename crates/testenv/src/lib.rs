@@ -24,6 +24,7 @@
 pub mod assets;
 mod etcd;
 mod instance;
+pub mod manifest;
 pub mod process;
 pub mod tls;
 

@@ -290,6 +290,22 @@ pub const BUILT_INS: &[BuiltIn] = &[
         FieldSet::Default,
     ),
     b(
+        "flowcontrol.apiserver.k8s.io",
+        "v1",
+        "flowschemas",
+        "FlowSchema",
+        false,
+        FieldSet::Default,
+    ),
+    b(
+        "flowcontrol.apiserver.k8s.io",
+        "v1",
+        "prioritylevelconfigurations",
+        "PriorityLevelConfiguration",
+        false,
+        FieldSet::Default,
+    ),
+    b(
         "scheduling.k8s.io",
         "v1",
         "priorityclasses",

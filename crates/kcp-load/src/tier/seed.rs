@@ -138,31 +138,12 @@ async fn create(target: &Target, conn: &mut Conn, path: &str, body: &Value) -> R
     }
 }
 
-/// Applies the ServiceAccount, ClusterRoles, ClusterRoleBindings,
-/// PriorityLevelConfigurations and FlowSchemas of a manifest.
+/// Creates the objects of a manifest, the namespaced ones in kube-system
+/// (as the manifests' kustomizations do).
 pub async fn apply(admin: &Target, manifest: &str) -> Result<()> {
     let mut conn = admin.connect(Proto::H1).await?;
-    for doc in manifest.split("\n---\n") {
-        let obj: Value = match serde_saphyr::from_str(doc) {
-            Ok(Value::Null) | Err(_) => continue,
-            Ok(v) => v,
-        };
-        let path = match obj["kind"].as_str().unwrap_or_default() {
-            "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles".to_string(),
-            "ClusterRoleBinding" => {
-                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_string()
-            }
-            "PriorityLevelConfiguration" => {
-                "/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations".to_string()
-            }
-            "FlowSchema" => "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas".to_string(),
-            "ServiceAccount" => format!(
-                "/api/v1/namespaces/{}/serviceaccounts",
-                obj["metadata"]["namespace"].as_str().unwrap_or("default")
-            ),
-            other => bail!("unexpected {other} in a manifest"),
-        };
-        create(admin, &mut conn, &path, &obj).await?;
+    for o in kube_testenv::manifest::objects(manifest, "kube-system")? {
+        create(admin, &mut conn, &o.collection, &o.body).await?;
     }
     Ok(())
 }
