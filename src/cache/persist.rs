@@ -444,6 +444,10 @@ pub struct Persister {
     caches: Vec<Arc<ResourceCache>>,
     /// The RV each cache's snapshot was last written at.
     saved: tokio::sync::Mutex<HashMap<String, u64>>,
+    /// The snapshots whose last write failed: a failure is logged as a
+    /// warning once, not at every save (a full disk would repeat it for
+    /// every cache every interval), until a write succeeds again.
+    failing: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// A successor is taking over: it owns the snapshots now.
     paused: std::sync::atomic::AtomicBool,
 }
@@ -455,6 +459,7 @@ impl Persister {
             snapshots,
             caches,
             saved: tokio::sync::Mutex::new(HashMap::new()),
+            failing: parking_lot::Mutex::default(),
             paused: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -516,6 +521,9 @@ impl Persister {
             let result =
                 tokio::task::spawn_blocking(move || snapshots.save(&info, &objects, rv)).await;
             let metrics = &cache.metrics;
+            if matches!(result, Ok(Ok(_))) && self.failing.lock().remove(&name) {
+                tracing::info!(resource = %name, "writing the snapshot works again");
+            }
             match result {
                 Ok(Ok(Some(bytes))) => {
                     metrics.snapshot("save", "saved");
@@ -533,16 +541,27 @@ impl Persister {
                 Ok(Err(error)) => {
                     all = false;
                     metrics.snapshot("save", "error");
-                    tracing::warn!(resource = %name, %error, "writing the snapshot failed");
+                    self.failed(name, &error);
                 }
                 Err(error) => {
                     all = false;
                     metrics.snapshot("save", "error");
-                    tracing::warn!(resource = %name, %error, "writing the snapshot failed");
+                    self.failed(name, &error);
                 }
             }
         }
         all
+    }
+
+    /// Logs a failed write of snapshot `name`: a warning the first time,
+    /// at debug level while it keeps failing (every one is counted in
+    /// `kube_cache_proxy_cache_snapshots_total{operation="save",result="error"}`).
+    fn failed(&self, name: String, error: &dyn std::fmt::Display) {
+        if self.failing.lock().insert(name.clone()) {
+            tracing::warn!(resource = %name, %error, "writing the snapshot failed; until it works again, further failures are logged at debug level");
+        } else {
+            tracing::debug!(resource = %name, %error, "writing the snapshot failed again");
+        }
     }
 
     /// Saves each cache as soon as its first list lands (a node that
@@ -768,6 +787,60 @@ mod tests {
             .await
             .unwrap();
         let _ = fs::remove_dir_all(&d);
+    }
+
+    /// A snapshot that cannot be written (the directory gone, a full disk)
+    /// is a warning once, then debug lines until it is written again.
+    #[tokio::test]
+    async fn a_snapshot_that_keeps_failing_is_warned_of_once() {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<parking_lot::Mutex<Vec<u8>>>);
+        impl io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.lock().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let lines = |what: &str| {
+            let text = String::from_utf8(buf.0.lock().clone()).unwrap();
+            text.lines().filter(|l| l.contains(what)).count()
+        };
+
+        let d = dir();
+        let cache = Arc::new(test_cache());
+        cache.replace(Vec::new(), 20);
+        let snapshots = Arc::new(Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap());
+        let p = Persister::new(snapshots, vec![cache.clone()]);
+        // The directory replaced by a file: every write fails.
+        fs::remove_dir_all(&d).unwrap();
+        fs::write(&d, b"").unwrap();
+        for _ in 0..3 {
+            assert!(!p.save_all().await);
+        }
+        let text = String::from_utf8(buf.0.lock().clone()).unwrap();
+        assert_eq!(lines("WARN"), 1, "one warning for three failures: {text}");
+        fs::remove_file(&d).unwrap();
+        create_private_dir(&d).unwrap();
+        assert!(p.save_all().await);
+        assert_eq!(lines("writing the snapshot works again"), 1);
+        // Failing again is worth a warning again.
+        cache.replace(Vec::new(), 21);
+        fs::remove_dir_all(&d).unwrap();
+        fs::write(&d, b"").unwrap();
+        assert!(!p.save_all().await);
+        assert_eq!(lines("WARN"), 2);
+        let _ = fs::remove_file(&d);
     }
 
     #[tokio::test]
