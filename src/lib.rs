@@ -72,6 +72,8 @@ pub struct Listeners {
     pub admin: TcpListener,
     /// Metrics (HTTPS, authenticated), when `metricsListen` is set.
     pub metrics: Option<TcpListener>,
+    /// Client (HTTPS) traffic from pods, when `podNetwork.listen` is set.
+    pub pods: Option<TcpListener>,
     /// The proxy these listeners were received from: it drains once this
     /// one is ready.
     pub predecessor: Option<server::takeover::Predecessor>,
@@ -88,40 +90,61 @@ const BIND_RETRY: Duration = Duration::from_secs(60);
 // === impl Listeners ===
 
 impl Listeners {
-    /// Binds `listen`, `adminListen` and `metricsListen` from a validated
-    /// config.
+    /// Binds `listen`, `adminListen`, `metricsListen` and
+    /// `podNetwork.listen` from a validated config.
     ///
     /// # Errors
     /// [`RunError::Bind`] or [`RunError::Config`].
     pub async fn bind(config: &Config) -> Result<Listeners, RunError> {
-        let api_addr = config.listen_addr()?;
-        let admin_addr = config.admin_listen_addr()?;
-        let api = TcpListener::bind(api_addr)
-            .await
-            .map_err(|source| RunError::Bind {
-                addr: api_addr,
-                source,
-            })?;
-        let admin = TcpListener::bind(admin_addr)
-            .await
-            .map_err(|source| RunError::Bind {
-                addr: admin_addr,
-                source,
-            })?;
-        let metrics = match config.metrics_listen_addr()? {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| RunError::Bind { addr, source })?,
-            ),
-            None => None,
+        let mut bound = Vec::new();
+        for (_, addr) in Listeners::addresses(config)? {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::Bind { addr, source })?;
+            bound.push(listener);
+        }
+        Listeners::of(config, bound, None, false)
+    }
+
+    /// The listeners `config` asks for, by name, in handover (and socket
+    /// activation) order: `api`, `admin`, then `metrics` and `pods` when
+    /// set.
+    fn addresses(config: &Config) -> Result<Vec<(&'static str, SocketAddr)>, RunError> {
+        let mut addresses = vec![
+            ("api", config.listen_addr()?),
+            ("admin", config.admin_listen_addr()?),
+        ];
+        if let Some(addr) = config.metrics_listen_addr()? {
+            addresses.push(("metrics", addr));
+        }
+        if let Some(addr) = config.pod_listen_addr()? {
+            addresses.push(("pods", addr));
+        }
+        Ok(addresses)
+    }
+
+    /// The listeners of [`Listeners::addresses`], given in its order.
+    fn of(
+        config: &Config,
+        listeners: Vec<TcpListener>,
+        predecessor: Option<server::takeover::Predecessor>,
+        socket_activated: bool,
+    ) -> Result<Listeners, RunError> {
+        let mut listeners = listeners.into_iter();
+        let (Some(api), Some(admin)) = (listeners.next(), listeners.next()) else {
+            return Err(RunError::Takeover(std::io::Error::other(
+                "too few listening sockets",
+            )));
         };
+        let metrics = config.metrics_listen_addr()?.and_then(|_| listeners.next());
+        let pods = config.pod_listen_addr()?.and_then(|_| listeners.next());
         Ok(Listeners {
             api,
             admin,
             metrics,
-            predecessor: None,
-            socket_activated: false,
+            pods,
+            predecessor,
+            socket_activated,
         })
     }
 
@@ -135,23 +158,18 @@ impl Listeners {
             return Ok(None);
         }
         let mut offer = server::takeover::Offer::default();
-        offer.add("api", &self.api).map_err(RunError::Takeover)?;
-        offer
-            .add("admin", &self.admin)
-            .map_err(RunError::Takeover)?;
-        if let Some(l) = &self.metrics {
-            offer.add("metrics", l).map_err(RunError::Takeover)?;
+        let named = [
+            ("api", Some(&self.api)),
+            ("admin", Some(&self.admin)),
+            ("metrics", self.metrics.as_ref()),
+            ("pods", self.pods.as_ref()),
+        ];
+        for (name, listener) in named {
+            if let Some(l) = listener {
+                offer.add(name, l).map_err(RunError::Takeover)?;
+            }
         }
         Ok(Some(offer))
-    }
-
-    /// The names of the listeners `config` asks for, in handover order.
-    fn names(config: &Config) -> Vec<&'static str> {
-        let mut names = vec!["api", "admin"];
-        if config.metrics_listen.is_some() {
-            names.push("metrics");
-        }
-        names
     }
 
     /// The listeners the binary serves on, in order of preference: taken
@@ -159,42 +177,35 @@ impl Listeners {
     /// hands over that this configuration names at the same address, the
     /// rest bound); passed by systemd socket activation (`LISTEN_FDS`: the
     /// API socket, the admin one, then the metrics one if `metricsListen`
-    /// is set); or bound (with takeover configured, retrying for up to a
-    /// minute while a predecessor that cannot hand over holds an address).
+    /// is set and the pods' one if `podNetwork.listen` is); or bound (with
+    /// takeover configured, retrying for up to a minute while a
+    /// predecessor that cannot hand over holds an address).
     ///
     /// # Errors
     /// [`RunError::Bind`], [`RunError::Config`], or [`RunError::Takeover`]
     /// when a running proxy answered but the handover failed.
     pub async fn acquire(config: &Config) -> Result<Listeners, RunError> {
-        let names = Listeners::names(config);
+        let addresses = Listeners::addresses(config)?;
         if let Some(path) = &config.takeover.socket_path
             && let Some(mut received) = server::takeover::Predecessor::connect(path)
                 .await
                 .map_err(RunError::Takeover)?
         {
             tracing::info!(socket = %path.display(), "taking the listeners over from the running proxy");
-            let mut take = async |name: &str, addr: SocketAddr| match received.take(name) {
-                Some(l) if l.local_addr().ok() == Some(addr) => {
-                    TcpListener::from_std(l).map_err(RunError::Takeover)
-                }
-                _ => bind_retrying(addr, true).await,
-            };
-            let api = take("api", config.listen_addr()?).await?;
-            let admin = take("admin", config.admin_listen_addr()?).await?;
-            let metrics = match config.metrics_listen_addr()? {
-                Some(addr) => Some(take("metrics", addr).await?),
-                None => None,
-            };
-            return Ok(Listeners {
-                api,
-                admin,
-                metrics,
-                predecessor: Some(received.predecessor),
-                socket_activated: false,
-            });
+            let mut taken = Vec::new();
+            for (name, addr) in addresses {
+                taken.push(match received.take(name) {
+                    Some(l) if l.local_addr().ok() == Some(addr) => {
+                        TcpListener::from_std(l).map_err(RunError::Takeover)?
+                    }
+                    _ => bind_retrying(addr, true).await?,
+                });
+            }
+            return Listeners::of(config, taken, Some(received.predecessor), false);
         }
         let mut fds = listenfd::ListenFd::from_env();
         if fds.len() > 0 {
+            let names: Vec<&str> = addresses.iter().map(|(name, _)| *name).collect();
             if fds.len() != names.len() {
                 return Err(RunError::Takeover(std::io::Error::other(format!(
                     "systemd passed {} sockets (LISTEN_FDS), the configuration needs {} ({})",
@@ -221,37 +232,17 @@ impl Listeners {
                 sockets = names.join(", "),
                 "serving on the sockets systemd passed (LISTEN_FDS)"
             );
-            let mut activated = activated.into_iter();
-            let (Some(api), Some(admin)) = (activated.next(), activated.next()) else {
-                return Err(RunError::Takeover(std::io::Error::other(
-                    "socket activation passed too few sockets",
-                )));
-            };
-            return Ok(Listeners {
-                api,
-                admin,
-                metrics: activated.next(),
-                predecessor: None,
-                socket_activated: true,
-            });
+            return Listeners::of(config, activated, None, true);
         }
         // With takeover configured, an address in use is a predecessor that
         // cannot hand over (an older version, during a surge rollout): it
         // is about to be stopped.
         let retry = config.takeover.socket_path.is_some();
-        let api = bind_retrying(config.listen_addr()?, retry).await?;
-        let admin = bind_retrying(config.admin_listen_addr()?, retry).await?;
-        let metrics = match config.metrics_listen_addr()? {
-            Some(addr) => Some(bind_retrying(addr, retry).await?),
-            None => None,
-        };
-        Ok(Listeners {
-            api,
-            admin,
-            metrics,
-            predecessor: None,
-            socket_activated: false,
-        })
+        let mut bound = Vec::new();
+        for (_, addr) in addresses {
+            bound.push(bind_retrying(addr, retry).await?);
+        }
+        Listeners::of(config, bound, None, false)
     }
 }
 
@@ -340,12 +331,22 @@ pub async fn run(
         &readiness,
         &token,
     )?;
+    let kubernetes_service =
+        server::kubernetes_service::KubernetesService::new(&config, &metrics.kubernetes_service);
+    if let (Some(service), Some(nodes)) = (&kubernetes_service, caches.get("", "v1", "nodes")) {
+        tokio::spawn(
+            service
+                .clone()
+                .follow_node_label(nodes.clone(), token.clone()),
+        );
+    }
     let admin = Admin {
         metrics: metrics.clone(),
         readiness: readiness.clone(),
         tls: Some(tls.clone()),
         caches: Some(caches.iter().cloned().collect()),
         upstream: Some(upstream.clone()),
+        kubernetes_service: kubernetes_service.clone(),
     };
 
     let auth = |metrics| {
@@ -375,7 +376,8 @@ pub async fn run(
         auth,
         token.clone(),
     )
-    .with_node_impersonation(node_impersonation);
+    .with_node_impersonation(node_impersonation)
+    .with_kubernetes_service(kubernetes_service);
 
     App {
         listeners,
@@ -538,8 +540,15 @@ impl App {
         if let Ok(addr) = listeners.api.local_addr() {
             tracing::info!(%addr, "serving");
         }
+        let mut clients = vec![listeners.api];
+        if let Some(pods) = listeners.pods {
+            if let Ok(addr) = pods.local_addr() {
+                tracing::info!(%addr, "serving pods (podNetwork.listen)");
+            }
+            clients.push(pods);
+        }
         let serving = tokio::spawn(server::serve::serve(
-            listeners.api,
+            clients,
             tls,
             handler,
             metrics,

@@ -25,6 +25,7 @@ use crate::cache::resource::ResourceCache;
 use crate::component::metrics::Metrics;
 use crate::component::ready::Readiness;
 use crate::server::accept;
+use crate::server::kubernetes_service::KubernetesService;
 use crate::server::tls::ServerTls;
 use apimachinery::body::{self, Body};
 
@@ -39,6 +40,8 @@ pub struct Admin {
     pub caches: Option<Vec<Arc<ResourceCache>>>,
     /// The upstream servers it describes.
     pub upstream: Option<crate::upstream::Upstream>,
+    /// kubelet's view of the `default/kubernetes` Service it describes.
+    pub kubernetes_service: Option<Arc<KubernetesService>>,
 }
 
 // === impl Admin ===
@@ -53,6 +56,7 @@ impl Admin {
             tls: self.tls.clone(),
             caches: None,
             upstream: None,
+            kubernetes_service: None,
         }
     }
 
@@ -126,6 +130,7 @@ impl Admin {
                     caches,
                     upstream: crate::cache::status::servers(servers),
                     primary_connect_failures: failures,
+                    kubernetes_service: self.kubernetes_service.as_ref().map(|k| k.status()),
                 };
                 let json = serde_json::to_string_pretty(&status).unwrap_or_default();
                 let mut r = text(StatusCode::OK, json + "\n");

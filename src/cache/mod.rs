@@ -21,6 +21,7 @@ pub mod serve;
 pub mod status;
 pub mod store;
 pub mod upstream_protobuf;
+pub mod view;
 pub mod watcher;
 
 use std::collections::HashMap;

@@ -365,6 +365,12 @@ impl ResourceCache {
         *self.rv.borrow()
     }
 
+    /// The cache's resourceVersion, to be told when it moves (an event, a
+    /// relist, a bookmark's progress).
+    pub fn subscribe_rv(&self) -> watch::Receiver<u64> {
+        self.rv.subscribe()
+    }
+
     /// Whether the first list has landed.
     pub fn is_synced(&self) -> bool {
         self.state.lock().is_synced()

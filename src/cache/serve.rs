@@ -78,6 +78,7 @@ use super::query::{self, ListOptions, Match, QueryError};
 use super::reflector::{probe_compaction, probe_rv, read_one};
 use super::resource::ResourceCache;
 use super::store::Start;
+use super::view::View;
 use super::watcher::{self, WatchParams};
 
 /// Why a read passes through when its resourceVersion is older than the
@@ -152,6 +153,9 @@ pub struct Read<'a> {
     pub arrived: Instant,
     /// The connection's batch window for held watches (HTTP/2).
     pub window: Option<&'a Arc<watcher::BatchWindow>>,
+    /// What the reader sees differently from the cache, if anything
+    /// (`view.rs`).
+    pub view: Option<&'a Arc<View>>,
 }
 
 /// Why a read must pass through whatever the cache holds, known from the
@@ -493,6 +497,10 @@ async fn serve_get(cache: &Arc<ResourceCache>, read: &Read<'_>, neg: Negotiated)
         read.info.name.clone()
     };
     let found = cache.lock().objects().get(key.as_str()).cloned();
+    let found = match (found, read.view) {
+        (Some(o), Some(view)) => Some(view.object(&o)),
+        (found, _) => found,
+    };
     match found {
         Some(o) => {
             let Some(mut chunks) = encode::object_chunks(&o, info.codec.as_deref(), neg.body)
@@ -627,6 +635,7 @@ async fn serve_list(
             limit,
             rv,
             neg,
+            read.view,
         )
         .await;
     }
@@ -644,7 +653,10 @@ async fn serve_list(
         opts.resource_version_match.is_none() && opts.limit > 0 && parsed.is_some_and(|rv| rv > 0);
     match (parsed, opts.resource_version_match) {
         (Some(rv), m) if m == Some(Match::Exact) || legacy_exact => {
-            return exact_list(cache, upstream, &filter, &prefix, None, opts.limit, rv, neg).await;
+            return exact_list(
+                cache, upstream, &filter, &prefix, None, opts.limit, rv, neg, read.view,
+            )
+            .await;
         }
         (None, _) => {
             if let Err(a) = consistent(
@@ -686,10 +698,20 @@ async fn serve_list(
         (None, Some(keys)) => list::select_in(&objects, &keys, &filter, &prefix, None, limit, rv),
         (None, None) => list::select(&objects, &filter, &prefix, None, limit, rv),
     };
-    list_answer(cache, page, rv, neg)
+    list_answer(cache, page, rv, neg, read.view)
 }
 
-fn list_answer(cache: &ResourceCache, page: list::Page, rv: u64, neg: Negotiated) -> Answer {
+fn list_answer(
+    cache: &ResourceCache,
+    mut page: list::Page,
+    rv: u64,
+    neg: Negotiated,
+    view: Option<&Arc<View>>,
+) -> Answer {
+    if let Some(view) = view {
+        view.items(&mut page.items);
+        view.listed();
+    }
     match list::response(page, cache.info(), rv, neg.body) {
         Some(resp) => served(cache, "list", neg, resp),
         None => Answer::PassThrough("protobuf encoding failed"),
@@ -709,6 +731,7 @@ async fn exact_list(
     limit: i64,
     rv: u64,
     neg: Negotiated,
+    view: Option<&Arc<View>>,
 ) -> Answer {
     if let Err(a) = after_crash(cache, rv).await {
         return a;
@@ -733,7 +756,7 @@ async fn exact_list(
         Some(key) if start.is_none() => list::select_one(&objects, filter, prefix, &key),
         _ => list::select(&objects, filter, prefix, start, limit, rv),
     };
-    list_answer(cache, page, rv, neg)
+    list_answer(cache, page, rv, neg, view)
 }
 
 /// Declines a read at exactly `rv` that upstream has compacted. While
@@ -866,6 +889,14 @@ async fn serve_watch(
         (false, Some(rv)) if rv > 0 && rv <= cache.compacted() => {
             return Answer::PassThrough(COMPACTED);
         }
+        // The reader's view changed since it last listed: what it holds
+        // is not what it would see now (`view.rs`).
+        (false, Some(rv)) if rv > 0 && read.view.is_some_and(|v| v.resumes_expire()) => {
+            return Answer::Served(watcher::error_response(
+                &Status::expired(format!("too old resource version: {rv} ({})", cache.rv())),
+                neg.body.encoding,
+            ));
+        }
         (false, Some(rv)) if rewound_rv => {
             return Answer::Served(watcher::error_response(
                 &Status::expired(format!("too old resource version: {rv} ({})", cache.rv())),
@@ -893,7 +924,11 @@ async fn serve_watch(
         timeout,
         repr: neg.body,
         window: read.window.cloned(),
+        view: read.view.cloned(),
     };
+    if initial && let Some(view) = read.view {
+        view.listed();
+    }
     match watcher::start(cache.clone(), params, shutdown.clone()) {
         Ok(resp) => served(cache, "watch", neg, resp),
         // After a relist that healed a divergence by resetting the cache,

@@ -26,6 +26,22 @@ pub struct Status {
     /// after 3).
     #[serde(default)]
     pub primary_connect_failures: u32,
+    /// What this node's kubelet reads as the `default/kubernetes` Service
+    /// (`podNetwork.kubernetesService`), when configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_service: Option<KubernetesServiceStatus>,
+}
+
+/// The `default/kubernetes` Service as this node's kubelet reads it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesServiceStatus {
+    /// `podNetwork.kubernetesService`: `NodeLabel` or `Always`.
+    pub mode: String,
+    /// Whether kubelet reads it rewritten now.
+    pub rewritten: bool,
+    /// What it is rewritten to: `podNetwork.listen`.
+    pub target: String,
 }
 
 /// One upstream server.
@@ -258,6 +274,22 @@ pub fn table(status: &Status) -> String {
                 s.active.to_string(),
             ]
         }));
+        out.push('\n');
+        out.push_str(&aligned(&rows));
+    }
+    if let Some(k) = &status.kubernetes_service {
+        let rows = vec![
+            vec![
+                "KUBELET'S default/kubernetes".to_string(),
+                "MODE".into(),
+                "TARGET".into(),
+            ],
+            vec![
+                if k.rewritten { "rewritten" } else { "real" }.to_string(),
+                k.mode.clone(),
+                k.target.clone(),
+            ],
+        ];
         out.push('\n');
         out.push_str(&aligned(&rows));
     }

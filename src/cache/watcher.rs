@@ -28,12 +28,13 @@ use apimachinery::body::{Body, BoxError};
 use apimachinery::status::Status;
 
 use super::encode::{self, ProtoCodec};
-use super::event::Event;
+use super::event::{Event, Which};
 use super::filter::Filter;
 use super::list::{response_with, upper_bound};
 use super::negotiate::{Encoding, Representation};
 use super::resource::ResourceCache;
 use super::store::{CatchUp, Delivery, Objects, Start, TooOld, WatcherLink};
+use super::view::View;
 
 /// Bytes gathered into one body frame before it is written.
 const CHUNK: usize = 64 * 1024;
@@ -80,6 +81,8 @@ pub struct WatchParams {
     /// The connection's batch window, shared with its other watches (an
     /// HTTP/2 connection's; none over HTTP/1.1, one watch per connection).
     pub window: Option<Arc<BatchWindow>>,
+    /// What the watcher sees differently from the cache (`view.rs`).
+    pub view: Option<Arc<View>>,
 }
 
 enum Phase {
@@ -140,6 +143,7 @@ struct Watch {
     done: bool,
     repr: Representation,
     codec: Option<Arc<ProtoCodec>>,
+    view: Option<Arc<View>>,
 }
 
 impl Drop for Watch {
@@ -178,6 +182,20 @@ pub fn error_response(status: &Status, encoding: Encoding) -> Response<Body> {
         apimachinery::body::full(encode::frame(encoding, "ERROR", &object)),
         encode::watch_content_type(encoding),
     )
+}
+
+/// The frame `which` of `e` in `repr`, as `view` shows it.
+fn event_frame(
+    view: Option<&Arc<View>>,
+    e: &Arc<Event>,
+    which: Which,
+    repr: Representation,
+    codec: Option<&ProtoCodec>,
+) -> Option<Bytes> {
+    match view {
+        Some(view) => view.event(e).frame(which, repr, codec),
+        None => e.frame(which, repr, codec),
+    }
 }
 
 /// What a live watch writes next.
@@ -280,6 +298,7 @@ impl Watch {
             done: false,
             repr: params.repr,
             codec: None,
+            view: params.view,
         };
         watch.codec = watch.cache.info().codec.clone();
         watch.set_next_bookmark(now);
@@ -324,7 +343,13 @@ impl Watch {
                         let e = &events[*next];
                         *next += 1;
                         if let Some(which) = e.which_for(&self.filter) {
-                            match e.frame(which, self.repr, self.codec.as_deref()) {
+                            match event_frame(
+                                self.view.as_ref(),
+                                e,
+                                which,
+                                self.repr,
+                                self.codec.as_deref(),
+                            ) {
                                 Some(f) => buf.extend_from_slice(&f),
                                 None => {
                                     self.done = true;
@@ -383,6 +408,14 @@ impl Watch {
             }
             last = Some(key.clone());
             if self.filter.matches(o) {
+                let viewed;
+                let o = match &self.view {
+                    Some(view) => {
+                        viewed = view.object(o);
+                        &viewed
+                    }
+                    None => o,
+                };
                 if self.repr == Representation::JSON {
                     buf.extend_from_slice(b"{\"type\":\"ADDED\",\"object\":");
                     buf.extend_from_slice(o.json());
@@ -512,7 +545,13 @@ impl Watch {
         if self.done {
             return None;
         }
-        let f = d.event.frame(d.which, self.repr, self.codec.as_deref());
+        let f = event_frame(
+            self.view.as_ref(),
+            &d.event,
+            d.which,
+            self.repr,
+            self.codec.as_deref(),
+        );
         if f.is_none() {
             self.done = true;
         }
@@ -703,6 +742,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             repr: Representation::JSON,
             window: None,
+            view: None,
         }
     }
 
@@ -1002,6 +1042,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             repr: Representation::JSON,
             window: None,
+            view: None,
         };
         let mut w = Watch::register(cache.clone(), params(4), CancellationToken::new()).unwrap();
         let first = w.next_chunk().await.unwrap();

@@ -6,7 +6,8 @@
 
 use http::{HeaderMap, Method};
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 use apimachinery::request::RequestInfo;
@@ -251,6 +252,65 @@ pub struct Metrics {
     pub upstream_apiservers: IntGaugeVec,
     /// With client-side balancing: connections opened, by apiserver.
     pub upstream_apiserver_connections: IntCounterVec,
+    /// kubelet's view of the `default/kubernetes` Service
+    /// (`podNetwork.kubernetesService`).
+    pub kubernetes_service: KubernetesServiceMetrics,
+}
+
+/// `podNetwork.kubernetesService` (`server::kubernetes_service`).
+#[derive(Debug, Clone)]
+pub struct KubernetesServiceMetrics {
+    /// 1 while kubelet reads the Service rewritten.
+    pub rewritten: IntGauge,
+    /// kubelet's reads of Services while rewritten, by verb and result.
+    pub reads: IntCounterVec,
+    /// Times the rewrite was turned on or off.
+    pub changes: IntCounter,
+}
+
+impl KubernetesServiceMetrics {
+    fn new(registry: &Registry) -> Result<KubernetesServiceMetrics, prometheus::Error> {
+        let rewritten = IntGauge::with_opts(
+            Opts::new(
+                "kubernetes_service_rewritten",
+                "1 while this node's kubelet reads the default/kubernetes Service rewritten to \
+                 podNetwork.listen (podNetwork.kubernetesService), else 0.",
+            )
+            .namespace(NS),
+        )?;
+        let reads = IntCounterVec::new(
+            Opts::new(
+                "kubernetes_service_reads_total",
+                "Reads of Services by this node's kubelet while the default/kubernetes Service is \
+                 rewritten, by verb and result: rewritten (answered from the cache, rewritten) or \
+                 passed_through (the cache declined: the apiserver's answer, the real Service).",
+            )
+            .namespace(NS),
+            &["verb", "result"],
+        )?;
+        let changes = IntCounter::with_opts(
+            Opts::new(
+                "kubernetes_service_changes_total",
+                "Times the default/kubernetes Service rewrite for kubelet was turned on or off \
+                 (NodeLabel mode: the node's label); each ends kubelet's watches of Services so \
+                 that it relists.",
+            )
+            .namespace(NS),
+        )?;
+        registry.register(Box::new(rewritten.clone()))?;
+        registry.register(Box::new(reads.clone()))?;
+        registry.register(Box::new(changes.clone()))?;
+        for verb in ["get", "list", "watch"] {
+            for result in ["rewritten", "passed_through"] {
+                reads.with_label_values(&[verb, result]);
+            }
+        }
+        Ok(KubernetesServiceMetrics {
+            rewritten,
+            reads,
+            changes,
+        })
+    }
 }
 
 /// `reason` values of `upstream_errors_total` (from
@@ -454,6 +514,7 @@ impl Metrics {
         for source in [Source::Cache, Source::Upstream] {
             in_flight.with_label_values(&[source.as_str()]);
         }
+        let kubernetes_service = KubernetesServiceMetrics::new(&registry)?;
         Ok(Metrics {
             registry,
             requests,
@@ -469,6 +530,7 @@ impl Metrics {
             upstream_info,
             upstream_apiservers,
             upstream_apiserver_connections,
+            kubernetes_service,
         })
     }
 

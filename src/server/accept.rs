@@ -59,10 +59,30 @@ pub async fn next(
     shutdown: &CancellationToken,
     name: &'static str,
 ) -> Option<(TcpStream, SocketAddr)> {
+    next_of(std::slice::from_ref(listener), shutdown, name).await
+}
+
+/// The next connection on any of `listeners` (the client listener and the
+/// pods' one serve alike), or `None` once `shutdown` is cancelled.
+pub async fn next_of(
+    listeners: &[TcpListener],
+    shutdown: &CancellationToken,
+    name: &'static str,
+) -> Option<(TcpStream, SocketAddr)> {
+    let accept = || {
+        std::future::poll_fn(|cx| {
+            for l in listeners {
+                if let std::task::Poll::Ready(r) = l.poll_accept(cx) {
+                    return std::task::Poll::Ready(r);
+                }
+            }
+            std::task::Poll::Pending
+        })
+    };
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return None,
-            r = listener.accept() => match r {
+            r = accept() => match r {
                 Ok(c) => return Some(c),
                 Err(error) => {
                     tracing::warn!(%error, listener = name, "accept failed");

@@ -22,7 +22,9 @@ use crate::auth::{
 use crate::cache::Caches;
 use crate::cache::resource::ResourceCache;
 use crate::cache::serve::{Answer, Read, serve};
+use crate::cache::view::View;
 use crate::component::metrics::{Metrics, RequestLabels, Source};
+use crate::server::kubernetes_service::KubernetesService;
 use crate::server::passthrough;
 use crate::upstream::identity::{Identity, NodeCredential, NodeImpersonation, TierImpersonation};
 use crate::upstream::{Credentials, Upstream};
@@ -52,6 +54,9 @@ pub struct Handler {
     known_resources: HashSet<String>,
     /// A tier's way of acting as nodes, learnt from the apiserver.
     node_impersonation: Arc<TierImpersonation>,
+    /// kubelet's view of the `default/kubernetes` Service
+    /// (`podNetwork.kubernetesService`).
+    kubernetes_service: Option<Arc<KubernetesService>>,
 }
 
 /// Decrements an in-flight gauge when dropped.
@@ -91,6 +96,7 @@ impl Handler {
             shutdown,
             known_resources,
             node_impersonation: Arc::default(),
+            kubernetes_service: None,
         }
     }
 
@@ -100,6 +106,40 @@ impl Handler {
     pub fn with_node_impersonation(mut self, mode: Arc<TierImpersonation>) -> Handler {
         self.node_impersonation = mode;
         self
+    }
+
+    /// kubelet reads the `default/kubernetes` Service as `service` shows
+    /// it (`podNetwork.kubernetesService`).
+    #[must_use]
+    pub fn with_kubernetes_service(mut self, service: Option<Arc<KubernetesService>>) -> Handler {
+        self.kubernetes_service = service;
+        self
+    }
+
+    /// The view `user` reads `info` with (`cache::view`): kubelet's of the
+    /// `default/kubernetes` Service, while rewritten.
+    fn view_for(&self, user: Option<&UserInfo>, info: &RequestInfo) -> Option<&Arc<View>> {
+        self.kubernetes_service
+            .as_ref()
+            .and_then(|s| s.view_for(user?, info))
+    }
+
+    /// A response answered from the cache with `view`: counted, and a
+    /// watch ends when the view changes, so its client relists.
+    fn viewed(&self, resp: Response<Body>, info: &RequestInfo, view: bool) -> Response<Body> {
+        match &self.kubernetes_service {
+            Some(service) if view => {
+                if service.is_active() {
+                    service.count(&info.verb, "rewritten");
+                }
+                if info.verb == "watch" {
+                    service.ends_on_change(resp)
+                } else {
+                    resp
+                }
+            }
+            _ => resp,
+        }
     }
 
     /// The cache that may answer this request: a GET of a cached resource
@@ -195,10 +235,12 @@ impl Handler {
                 Ok(user) => {
                     let attrs = Attributes::for_request(&user, info, req.uri().query());
                     identity = Some(user);
+                    let view = self.view_for(identity.as_ref(), info);
                     match self.auth.authorize(&attrs).await {
                         Ok(Decision::Allow) => {
-                            match self.answer_from_cache(cache, &req, info).await {
+                            match self.answer_from_cache(cache, &req, info, view).await {
                                 Ok(resp) => {
+                                    let resp = self.viewed(resp, info, view.is_some());
                                     // Who watches what, for `status`.
                                     let resp = match &identity {
                                         Some(user) if info.verb == "watch" => {
@@ -246,7 +288,10 @@ impl Handler {
                                     .reads_resource_as(u, &info.api_group, &info.resource)
                             }) {
                                 tracing::debug!(%error, "authorization unavailable; the node reads its own cache");
-                                if let Ok(resp) = self.answer_from_cache(cache, &req, info).await {
+                                if let Ok(resp) =
+                                    self.answer_from_cache(cache, &req, info, view).await
+                                {
+                                    let resp = self.viewed(resp, info, view.is_some());
                                     let resp = if websocket && info.verb == "watch" {
                                         upgrade_watch(&mut req, &credential, resp)
                                     } else {
@@ -283,6 +328,14 @@ impl Handler {
                 }
             }
         }
+        if let Some(service) = &self.kubernetes_service
+            && service.is_active()
+            && identity
+                .as_ref()
+                .is_some_and(|user| service.is_kubelet_services_read(user, info))
+        {
+            service.count(&info.verb, "passed_through");
+        }
         self.pass_through(req, info, conn, credential, identity)
             .await
     }
@@ -293,6 +346,7 @@ impl Handler {
         cache: &Arc<ResourceCache>,
         req: &Request<Incoming>,
         info: &RequestInfo,
+        view: Option<&Arc<View>>,
     ) -> Result<Response<Body>, &'static str> {
         let gauge = self
             .metrics
@@ -306,6 +360,7 @@ impl Handler {
             headers: req.headers(),
             arrived: Instant::now(),
             window: req.extensions().get(),
+            view,
         };
         match serve(cache, &self.upstream, read, &self.shutdown).await {
             Answer::Served(resp) => {

@@ -7,12 +7,15 @@
 //! [`coalesce`]) or HTTP/1.1; [`handler`] dispatches each request: the
 //! cache answers reads it can answer exactly (watches over WebSocket in
 //! [`websocket`]), and everything else goes to the apiserver untouched by
-//! [`passthrough`].
+//! [`passthrough`]. With `podNetwork.kubernetesService`, this node's
+//! kubelet reads the `default/kubernetes` Service rewritten to the pods'
+//! listener ([`kubernetes_service`]).
 
 pub mod accept;
 pub mod coalesce;
 pub mod conns;
 pub mod handler;
+pub mod kubernetes_service;
 pub mod passthrough;
 pub mod serve;
 pub mod takeover;

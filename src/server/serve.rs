@@ -67,10 +67,11 @@ pub struct ServeOptions {
 /// connection closed before its first request would fail it).
 const HANDOVER_LINGER: Duration = Duration::from_secs(1);
 
-/// Accepts and serves connections on `listener` until `shutdown` is
+/// Accepts and serves connections on `listeners` (the client listener,
+/// and the pods' one with `podNetwork.listen`) until `shutdown` is
 /// cancelled, then drains them within the grace period.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     server_tls: ServerTls,
     handler: Arc<Handler>,
     metrics: Metrics,
@@ -88,7 +89,7 @@ pub async fn serve(
     // in a tight loop for as long as the connection lived.
     let h2_drain = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    while let Some((tcp, remote)) = accept::next(&listener, &shutdown, "clients").await {
+    while let Some((tcp, remote)) = accept::next_of(&listeners, &shutdown, "clients").await {
         let _ = tcp.set_nodelay(true);
         if let Err(error) = accept::keep_alive(&tcp) {
             tracing::debug!(%error, "setting TCP keep-alive failed");
@@ -208,7 +209,7 @@ pub async fn serve(
         );
         while tasks.try_join_next().is_some() {}
     }
-    drop(listener);
+    drop(listeners);
     h2_drain.cancel();
     if options
         .handed_over

@@ -20,6 +20,7 @@ mod kubectl;
 mod parsers;
 mod passthrough;
 mod paths;
+mod pods;
 mod restart;
 mod security;
 mod sim_behaviour;

@@ -40,6 +40,8 @@ pub struct Running {
     pub admin: SocketAddr,
     /// The metrics listener, when `metricsListen` is set.
     pub metrics: Option<SocketAddr>,
+    /// The pods' listener, when `podNetwork.listen` is set.
+    pub pods: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), RunError>>>,
 }
@@ -69,6 +71,7 @@ impl Running {
         let addr = listeners.api.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();
         let metrics = listeners.metrics.as_ref().map(|l| l.local_addr().unwrap());
+        let pods = listeners.pods.as_ref().map(|l| l.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(kube_cache_proxy::run(
             listeners,
@@ -82,6 +85,7 @@ impl Running {
             addr,
             admin,
             metrics,
+            pods,
             stop: Some(stop),
             task: Some(task),
         }
@@ -176,8 +180,12 @@ pub fn tempdir() -> PathBuf {
 
 /// The proxy's default test configuration, writing its files in `dir`.
 pub fn proxy_config(sim: &Sim, dir: &std::path::Path, proxy_ca: &Ca) -> Config {
+    // 127.0.0.2: where tests put the pods' listener (`podNetwork.listen`).
     let serving = proxy_ca
-        .issue_server(&["localhost"], &["127.0.0.1".parse().unwrap()])
+        .issue_server(
+            &["localhost"],
+            &["127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap()],
+        )
         .unwrap();
     let write = |name: &str, text: &str| {
         let p = dir.join(name);
@@ -253,6 +261,13 @@ impl Env {
     /// A client of the proxy (HTTP/2).
     pub fn proxy_h2(&self, auth: Auth) -> Client {
         Client::new(&self.proxy_url, &self.proxy_ca_pem, auth, true)
+    }
+
+    /// A client of the proxy's pods' listener (`podNetwork.listen`), as a
+    /// pod reaches it (HTTP/2).
+    pub fn pods(&self, auth: Auth) -> Client {
+        let addr = self.running.pods.expect("podNetwork.listen is not set");
+        Client::new(&format!("https://{addr}"), &self.proxy_ca_pem, auth, true)
     }
 
     /// A client of the sim directly.

@@ -20,7 +20,7 @@ pub use load::{Overrides, yaml_error};
 pub use schema::{
     API_VERSION, AnonymousConfig, AuthenticationConfig, AuthorizationConfig, CacheConfig,
     CachedResource, Config, ConsistencyCheckConfig, CsrConfig, FallbackConfig, IdentityMode, KIND,
-    PersistenceConfig, SubjectAccessReviewConfig, TakeoverConfig, TlsConfig, TlsVersion,
-    TokenReviewConfig, UpstreamConfig, UpstreamEncoding,
+    KubernetesServiceMode, PersistenceConfig, PodNetworkConfig, SubjectAccessReviewConfig,
+    TakeoverConfig, TlsConfig, TlsVersion, TokenReviewConfig, UpstreamConfig, UpstreamEncoding,
 };
 pub use validate::MIN_CSR_EXPIRATION_SECONDS;

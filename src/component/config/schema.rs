@@ -37,6 +37,9 @@ pub struct Config {
     /// none.
     #[serde(deserialize_with = "empty_as_none")]
     pub metrics_listen: Option<String>,
+    /// Pods on the node's pod network (docs/pods.md): a listener they
+    /// reach, and whether kubelet points their containers at it.
+    pub pod_network: PodNetworkConfig,
     /// Downstream TLS.
     pub tls: TlsConfig,
     /// How to reach the kube-apiserver.
@@ -70,6 +73,45 @@ pub struct Config {
     pub authorization: AuthorizationConfig,
     /// Zero-downtime takeover by a successor process.
     pub takeover: TakeoverConfig,
+}
+
+/// `podNetwork`: pods on the node reach the proxy at a node-local address
+/// (docs/pods.md), as OpenYurt's YurtHub serves an edge node's pods.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct PodNetworkConfig {
+    /// Address (`host:port`) of a second HTTPS listener, with the same
+    /// certificate, authentication and authorization as `listen`, on an
+    /// address of the node that its pods reach through their default route
+    /// and nothing beyond the node does: a link-local address on a dummy
+    /// interface (or the node's loopback), such as `169.254.64.1:6444`
+    /// (docs/pods.md says how to add it). Not `0.0.0.0` or `::`,
+    /// which would serve every network the node is on. Unset or empty
+    /// (default): none.
+    #[serde(deserialize_with = "empty_as_none")]
+    pub listen: Option<String>,
+    /// Whether kubelet, reading Services through this proxy, sees the
+    /// `default/kubernetes` Service pointing at `listen` (its `clusterIP`,
+    /// `clusterIPs` and `https` port), so that every container it starts
+    /// gets `KUBERNETES_SERVICE_HOST`/`PORT` for this proxy. Only this
+    /// node's kubelet (`system:node:<nodeName>`) sees it; every other
+    /// client, kube-proxy above all, reads the real Service.
+    pub kubernetes_service: KubernetesServiceMode,
+}
+
+/// `podNetwork.kubernetesService`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub enum KubernetesServiceMode {
+    /// The real Service, for every client (default).
+    #[default]
+    Never,
+    /// Rewritten for kubelet while the node carries the label
+    /// `kubecacheproxy.io/kubernetes-service=node-local` (read from the
+    /// proxy's own cache of its Node): turned on and off per node, without
+    /// a restart.
+    NodeLabel,
+    /// Rewritten for kubelet.
+    Always,
 }
 
 /// Zero-downtime takeover (`takeover.rs`): a proxy started with the same
@@ -697,6 +739,7 @@ impl Default for Config {
             listen: "127.0.0.1:6444".to_string(),
             admin_listen: "127.0.0.1:9444".to_string(),
             metrics_listen: None,
+            pod_network: PodNetworkConfig::default(),
             tls: TlsConfig::default(),
             upstream: UpstreamConfig::default(),
             shutdown_grace_period_seconds: 30,

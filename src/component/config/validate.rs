@@ -67,6 +67,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_pod_network()?;
         match (&self.tls.cert_file, &self.tls.private_key_file) {
             // The certificate comes from the CSR API; the files are unused.
             _ if self.tls.csr.enabled => self.tls.csr.validate(&self.node_name)?,
@@ -140,6 +141,81 @@ impl Config {
     /// When `listen` is not `host:port`.
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
         parse_addr("listen", &self.listen)
+    }
+
+    /// The parsed `podNetwork.listen` address, if set.
+    ///
+    /// # Errors
+    /// When it is not `host:port`.
+    pub fn pod_listen_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.pod_network
+            .listen
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .map(|m| parse_addr("podNetwork.listen", m))
+            .transpose()
+    }
+
+    /// `podNetwork`: a specific address of its own, named by the requested
+    /// serving certificate; a rewritten `kubernetes` Service needs it and
+    /// the node's name (whose kubelet sees it).
+    fn validate_pod_network(&self) -> Result<(), ConfigError> {
+        use super::schema::KubernetesServiceMode;
+        let pods = &self.pod_network;
+        let addr = self.pod_listen_addr()?;
+        if let Some(addr) = addr {
+            if addr.ip().is_unspecified() {
+                return Err(ConfigError::invalid(
+                    "podNetwork.listen",
+                    format!(
+                        "{addr} would serve every network the node is on: give the node-local \
+                         address pods reach (docs/pods.md)"
+                    ),
+                ));
+            }
+            let others = [
+                Some(self.listen.as_str()),
+                Some(self.admin_listen.as_str()),
+                self.metrics_listen.as_deref(),
+            ];
+            if addr.port() != 0
+                && others
+                    .iter()
+                    .flatten()
+                    .any(|o| parse_addr("", o).ok() == Some(addr))
+            {
+                return Err(ConfigError::invalid(
+                    "podNetwork.listen",
+                    "must differ from listen, adminListen and metricsListen",
+                ));
+            }
+            if self.tls.csr.enabled && !self.tls.csr.ip_addresses().contains(&addr.ip()) {
+                return Err(ConfigError::invalid(
+                    "tls.csr.ipAddresses",
+                    format!(
+                        "must include {}, the podNetwork.listen address pods verify the \
+                         certificate against",
+                        addr.ip()
+                    ),
+                ));
+            }
+        }
+        if pods.kubernetes_service != KubernetesServiceMode::Never {
+            if addr.is_none() {
+                return Err(ConfigError::invalid(
+                    "podNetwork.kubernetesService",
+                    "needs podNetwork.listen: the address the Service is rewritten to",
+                ));
+            }
+            if self.node_name.is_empty() {
+                return Err(ConfigError::invalid(
+                    "podNetwork.kubernetesService",
+                    "needs nodeName (--node-name, NODE_NAME): only this node's kubelet sees the \
+                     rewritten Service",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The parsed `adminListen` address.
@@ -462,6 +538,73 @@ mod tests {
         let c = Config::from_yaml("cache:\n  resources:\n  - {group: discovery.k8s.io, version: v1, resource: endpointslices, historyMaxAgeSeconds: 75}\n").unwrap();
         assert!(c.cache.validate("").is_ok());
         assert_eq!(c.cache.resources[0].history_max_age_seconds, Some(75));
+    }
+
+    #[test]
+    fn the_pod_network_section_is_validated() {
+        let with = |yaml: &str, node: &str| {
+            let mut c = Config::from_yaml(&format!(
+                "tls:\n  csr: {{enabled: true, ipAddresses: ['127.0.0.1', '169.254.64.1']}}\n{yaml}"
+            ))
+            .unwrap();
+            c.node_name = node.into();
+            c.validate().map_err(|e| e.to_string())
+        };
+        assert!(with("podNetwork: {listen: '169.254.64.1:6444'}\n", "n").is_ok());
+        assert!(with("podNetwork: {listen: ''}\n", "n").is_ok());
+        for (yaml, node, field) in [
+            (
+                "podNetwork: {listen: '0.0.0.0:6444'}\n",
+                "n",
+                "podNetwork.listen:",
+            ),
+            (
+                "podNetwork: {listen: '[::]:6444'}\n",
+                "n",
+                "podNetwork.listen:",
+            ),
+            (
+                "podNetwork: {listen: 'pods:6444'}\n",
+                "n",
+                "podNetwork.listen:",
+            ),
+            (
+                "podNetwork: {listen: '127.0.0.1:6444'}\n",
+                "n",
+                "podNetwork.listen:",
+            ),
+            (
+                "podNetwork: {listen: '169.254.64.2:6444'}\n",
+                "n",
+                "tls.csr.ipAddresses:",
+            ),
+            (
+                "podNetwork: {kubernetesService: Always}\n",
+                "n",
+                "podNetwork.kubernetesService:",
+            ),
+            (
+                "podNetwork: {listen: '169.254.64.1:6444', kubernetesService: NodeLabel}\n",
+                "",
+                "podNetwork.kubernetesService:",
+            ),
+            (
+                "podNetwork: {listen: '169.254.64.1:6444', kubernetesService: Always}\n",
+                "",
+                "podNetwork.kubernetesService:",
+            ),
+        ] {
+            let err = with(yaml, node).unwrap_err();
+            assert!(err.starts_with(field), "{yaml}: {err}");
+        }
+        assert!(
+            with(
+                "podNetwork: {listen: '169.254.64.1:6444', kubernetesService: Always}\n",
+                "n"
+            )
+            .is_ok()
+        );
+        assert!(Config::from_yaml("podNetwork: {kubernetesService: Sometimes}\n").is_err());
     }
 
     #[test]
