@@ -262,7 +262,7 @@ pub struct Metrics {
 pub struct KubernetesServiceMetrics {
     /// 1 while kubelet reads the Service rewritten.
     pub rewritten: IntGauge,
-    /// kubelet's reads of Services while rewritten, by verb and result.
+    /// kubelet's reads of Services, by verb and result.
     pub reads: IntCounterVec,
     /// Times the rewrite was turned on or off.
     pub changes: IntCounter,
@@ -281,8 +281,9 @@ impl KubernetesServiceMetrics {
         let reads = IntCounterVec::new(
             Opts::new(
                 "kubernetes_service_reads_total",
-                "Reads of Services by this node's kubelet while the default/kubernetes Service is \
-                 rewritten, by verb and result: rewritten (answered from the cache, rewritten) or \
+                "Reads of Services by this node's kubelet with podNetwork.kubernetesService set, \
+                 by verb and result: rewritten (answered from the cache, default/kubernetes \
+                 rewritten), real (answered from the cache while the rewrite is off) or \
                  passed_through (the cache declined: the apiserver's answer, the real Service).",
             )
             .namespace(NS),
@@ -301,7 +302,7 @@ impl KubernetesServiceMetrics {
         registry.register(Box::new(reads.clone()))?;
         registry.register(Box::new(changes.clone()))?;
         for verb in ["get", "list", "watch"] {
-            for result in ["rewritten", "passed_through"] {
+            for result in ["rewritten", "real", "passed_through"] {
                 reads.with_label_values(&[verb, result]);
             }
         }

@@ -129,9 +129,12 @@ impl Handler {
     fn viewed(&self, resp: Response<Body>, info: &RequestInfo, view: bool) -> Response<Body> {
         match &self.kubernetes_service {
             Some(service) if view => {
-                if service.is_active() {
-                    service.count(&info.verb, "rewritten");
-                }
+                let result = if service.is_active() {
+                    "rewritten"
+                } else {
+                    "real"
+                };
+                service.count(&info.verb, result);
                 if info.verb == "watch" {
                     service.ends_on_change(resp)
                 } else {
@@ -329,7 +332,6 @@ impl Handler {
             }
         }
         if let Some(service) = &self.kubernetes_service
-            && service.is_active()
             && identity
                 .as_ref()
                 .is_some_and(|user| service.is_kubelet_services_read(user, info))

@@ -141,9 +141,9 @@ impl KubernetesService {
         self.mode
     }
 
-    /// Counts a read of kubelet's that the cache answered with the rewrite
-    /// (`rewritten`) or that passed through (`passed_through`: the real
-    /// Service).
+    /// Counts a read of Services by kubelet: answered from the cache with
+    /// the rewrite (`rewritten`) or without, while it is off (`real`), or
+    /// passed through (`passed_through`: the apiserver's answer).
     pub fn count(&self, verb: &str, result: &str) {
         self.metrics.reads.with_label_values(&[verb, result]).inc();
     }

@@ -8,7 +8,7 @@ Prints one JSON line per step on stdout: {"ready": rv} after the list, then
 
 Usage: list_watch.py KUBECONFIG NAMESPACE COUNT [RESOURCE]
 
-RESOURCE: configmaps (default) or pods.
+RESOURCE: configmaps (default), pods or services.
 
 KUBECONFIG `in-cluster`: the in-cluster configuration, loaded as client-go's
 rest.InClusterConfig does (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT,
@@ -33,6 +33,7 @@ def main():
     list_fn = {
         "configmaps": api.list_namespaced_config_map,
         "pods": api.list_namespaced_pod,
+        "services": api.list_namespaced_service,
     }[resource]
     listed = list_fn(namespace)
     state = {o.metadata.name: o.metadata.resource_version for o in listed.items}

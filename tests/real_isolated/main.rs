@@ -21,6 +21,7 @@ mod ha;
 mod kubemark;
 mod least_privilege;
 mod outage;
+mod pods;
 mod restart;
 mod restore;
 mod robustness;

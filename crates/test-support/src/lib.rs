@@ -12,6 +12,7 @@ pub mod client;
 pub mod differential;
 pub mod env;
 pub mod kubectl;
+pub mod pod_network;
 pub mod python;
 pub mod raw;
 pub mod real;

@@ -88,8 +88,10 @@ pub async fn python_client(
     python_run(cmd).await
 }
 
-/// Starts `cmd` (the Python client), waits until it has listed; the
-/// returned task ends with what it saw.
+/// Starts `cmd` (a client speaking `list_watch.py`'s protocol on stdout:
+/// the Python client, or another client in a pod), waits until it has
+/// listed; the returned task ends with what it saw. What is not a JSON
+/// object (a test harness's own lines) is skipped.
 pub async fn python_run(mut cmd: tokio::process::Command) -> tokio::task::JoinHandle<PythonRun> {
     use tokio::io::AsyncBufReadExt;
     let mut child = cmd
@@ -98,11 +100,19 @@ pub async fn python_run(mut cmd: tokio::process::Command) -> tokio::task::JoinHa
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("the Python client lists within 60 s")
-        .unwrap()
-        .expect("the Python client lists");
+    // A line's JSON object: from its first `{` (a test harness may have
+    // written the test's name before it), or none.
+    let object = |line: &str| line.find('{').map(|i| line[i..].to_string());
+    let first = loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("the client lists within 60 s")
+            .unwrap()
+            .expect("the client lists");
+        if let Some(object) = object(&line) {
+            break object;
+        }
+    };
     let ready: serde_json::Value = serde_json::from_str(&first).unwrap();
     assert!(ready["ready"].is_string(), "{first}");
     tokio::spawn(async move {
@@ -114,6 +124,9 @@ pub async fn python_run(mut cmd: tokio::process::Command) -> tokio::task::JoinHa
         while let Ok(Ok(Some(line))) =
             tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await
         {
+            let Some(line) = object(&line) else {
+                continue;
+            };
             let v: serde_json::Value = serde_json::from_str(&line).unwrap();
             if let Some(last) = v.get("final") {
                 run.last = serde_json::from_value(last.clone()).unwrap();
