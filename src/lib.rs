@@ -97,8 +97,8 @@ impl Listeners {
     /// [`RunError::Bind`] or [`RunError::Config`].
     pub async fn bind(config: &Config) -> Result<Listeners, RunError> {
         let mut bound = Vec::new();
-        for (_, addr) in Listeners::addresses(config)? {
-            let listener = TcpListener::bind(addr)
+        for (name, addr) in Listeners::addresses(config)? {
+            let listener = bind_listener(name, addr)
                 .await
                 .map_err(|source| RunError::Bind { addr, source })?;
             bound.push(listener);
@@ -198,7 +198,7 @@ impl Listeners {
                     Some(l) if l.local_addr().ok() == Some(addr) => {
                         TcpListener::from_std(l).map_err(RunError::Takeover)?
                     }
-                    _ => bind_retrying(addr, true).await?,
+                    _ => bind_retrying(name, addr, true).await?,
                 });
             }
             return Listeners::of(config, taken, Some(received.predecessor), false);
@@ -239,19 +239,44 @@ impl Listeners {
         // is about to be stopped.
         let retry = config.takeover.socket_path.is_some();
         let mut bound = Vec::new();
-        for (_, addr) in addresses {
-            bound.push(bind_retrying(addr, retry).await?);
+        for (name, addr) in addresses {
+            bound.push(bind_retrying(name, addr, retry).await?);
         }
         Listeners::of(config, bound, None, false)
     }
 }
 
-/// Binds `addr`; with `retry`, waits up to [`BIND_RETRY`] while it is in
-/// use.
-async fn bind_retrying(addr: SocketAddr, retry: bool) -> Result<TcpListener, RunError> {
+/// Binds the listener `name` at `addr`. The pods' one
+/// (`podNetwork.listen`) binds with `IP_FREEBIND`: its node-local address
+/// may be configured after the proxy starts (a dummy interface the node's
+/// network configuration brings up), and is served from when it is; the
+/// `default/kubernetes` Service is rewritten to it only while it is
+/// (`server::kubernetes_service`).
+async fn bind_listener(name: &str, addr: SocketAddr) -> std::io::Result<TcpListener> {
+    if name != "pods" {
+        return TcpListener::bind(addr).await;
+    }
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    if addr.is_ipv4() {
+        rustix::net::sockopt::set_ip_freebind(&socket, true)?;
+    } else {
+        rustix::net::sockopt::set_ipv6_freebind(&socket, true)?;
+    }
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Binds the listener `name` at `addr`; with `retry`, waits up to
+/// [`BIND_RETRY`] while it is in use.
+async fn bind_retrying(name: &str, addr: SocketAddr, retry: bool) -> Result<TcpListener, RunError> {
     let deadline = tokio::time::Instant::now() + BIND_RETRY;
     loop {
-        match TcpListener::bind(addr).await {
+        match bind_listener(name, addr).await {
             Ok(l) => return Ok(l),
             Err(source)
                 if retry
@@ -333,12 +358,9 @@ pub async fn run(
     )?;
     let kubernetes_service =
         server::kubernetes_service::KubernetesService::new(&config, &metrics.kubernetes_service);
-    if let (Some(service), Some(nodes)) = (&kubernetes_service, caches.get("", "v1", "nodes")) {
-        tokio::spawn(
-            service
-                .clone()
-                .follow_node_label(nodes.clone(), token.clone()),
-        );
+    if let Some(service) = &kubernetes_service {
+        let nodes = caches.get("", "v1", "nodes").cloned();
+        tokio::spawn(service.clone().run(nodes, token.clone()));
     }
     let admin = Admin {
         metrics: metrics.clone(),

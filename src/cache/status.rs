@@ -42,6 +42,9 @@ pub struct KubernetesServiceStatus {
     pub rewritten: bool,
     /// What it is rewritten to: `podNetwork.listen`.
     pub target: String,
+    /// Whether that address is the node's (it is rewritten only then).
+    #[serde(default)]
+    pub address_on_node: bool,
 }
 
 /// One upstream server.
@@ -283,11 +286,18 @@ pub fn table(status: &Status) -> String {
                 "KUBELET'S default/kubernetes".to_string(),
                 "MODE".into(),
                 "TARGET".into(),
+                "ADDRESS".into(),
             ],
             vec![
                 if k.rewritten { "rewritten" } else { "real" }.to_string(),
                 k.mode.clone(),
                 k.target.clone(),
+                if k.address_on_node {
+                    "on node"
+                } else {
+                    "missing"
+                }
+                .to_string(),
             ],
         ];
         out.push('\n');

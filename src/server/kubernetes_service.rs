@@ -22,8 +22,10 @@
 //! the same until it lists again: its informer then holds the Service as
 //! the proxy now shows it, and the next container started gets it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use http::Response;
 use http_body::Frame;
@@ -51,6 +53,8 @@ use apimachinery::status::Status;
 pub const NODE_LABEL: &str = "kubecacheproxy.io/kubernetes-service";
 /// The value of [`NODE_LABEL`] that turns it on.
 pub const NODE_LABEL_VALUE: &str = "node-local";
+/// How often the rewrite looks again whether its address is the node's.
+pub const ADDRESS_CHECK: Duration = Duration::from_secs(5);
 /// The annotation a rewritten Service carries: what it was.
 pub const REWRITTEN_FROM: &str = "kubecacheproxy.io/rewritten-from";
 
@@ -65,6 +69,8 @@ pub struct KubernetesService {
     target: SocketAddr,
     /// kubelet's view of Services, on while the Service is rewritten.
     view: Arc<View>,
+    /// Whether `target`'s address was the node's when last looked at.
+    address_local: AtomicBool,
     /// Cancelled when the rewrite is turned on or off, replaced by a new
     /// one: kubelet's watches of Services end then.
     changed: Mutex<CancellationToken>,
@@ -94,11 +100,12 @@ impl KubernetesService {
                 "default/kubernetes",
                 Box::new(move |o| rewrite(o, target)),
             )),
+            address_local: AtomicBool::new(false),
             changed: Mutex::new(CancellationToken::new()),
             metrics,
         });
-        // Off until the node's label says otherwise.
-        service.view.set_on(mode == KubernetesServiceMode::Always);
+        // Off until `run` finds it wanted and the address on the node.
+        service.view.set_on(false);
         // What kubelet holds from before this process started is unknown
         // (another mode, or the label changed meanwhile): its watches that
         // resume get `410` until it lists once, from this process.
@@ -165,27 +172,52 @@ impl KubernetesService {
         );
     }
 
-    /// In `NodeLabel` mode, follows [`NODE_LABEL`] on this node's Node in
-    /// `nodes` (the proxy's own cache of it) until `shutdown`.
-    pub async fn follow_node_label(
+    /// Keeps the rewrite on while it is wanted (`Always`, or in `NodeLabel`
+    /// mode while this node's Node in `nodes`, the proxy's own cache of it,
+    /// carries [`NODE_LABEL`]) and its address is the node's (else pods
+    /// given it could not connect: the real Service is safer), until
+    /// `shutdown`. Looks again when the Node changes and every
+    /// [`ADDRESS_CHECK`].
+    pub async fn run(
         self: Arc<Self>,
-        nodes: Arc<ResourceCache>,
+        nodes: Option<Arc<ResourceCache>>,
         shutdown: CancellationToken,
     ) {
-        if self.mode != KubernetesServiceMode::NodeLabel {
-            return;
-        }
-        let mut rv = nodes.subscribe_rv();
+        let mut rv = nodes.as_ref().map(|n| n.subscribe_rv());
+        let mut address_was_local = true;
         loop {
-            let labelled = nodes
-                .lock()
-                .objects()
-                .get(self.node_name.as_str())
-                .is_some_and(|node| node.labels().get(NODE_LABEL) == Some(NODE_LABEL_VALUE));
-            self.set_active(labelled);
+            let wanted = match self.mode {
+                KubernetesServiceMode::Always => true,
+                KubernetesServiceMode::NodeLabel => nodes.as_ref().is_some_and(|nodes| {
+                    nodes
+                        .lock()
+                        .objects()
+                        .get(self.node_name.as_str())
+                        .is_some_and(|node| node.labels().get(NODE_LABEL) == Some(NODE_LABEL_VALUE))
+                }),
+                KubernetesServiceMode::Never => false,
+            };
+            let address_local = is_local(self.target.ip());
+            if wanted && !address_local && address_was_local {
+                tracing::warn!(
+                    address = %self.target.ip(),
+                    "podNetwork.listen's address is not the node's: kubelet reads the real \
+                     default/kubernetes Service until it is"
+                );
+            }
+            address_was_local = address_local;
+            self.address_local.store(address_local, Ordering::SeqCst);
+            self.set_active(wanted && address_local);
+            let node_changed = async {
+                match &mut rv {
+                    Some(rv) => rv.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                changed = rv.changed() => if changed.is_err() { return },
+                changed = node_changed => if !changed { return },
+                _ = tokio::time::sleep(ADDRESS_CHECK) => {}
             }
         }
     }
@@ -216,8 +248,15 @@ impl KubernetesService {
             mode: format!("{:?}", self.mode),
             rewritten: self.is_active(),
             target: self.target.to_string(),
+            address_on_node: self.address_local.load(Ordering::SeqCst),
         }
     }
+}
+
+/// Whether `ip` is an address of this node: one a socket can be bound to
+/// (`EADDRNOTAVAIL` otherwise).
+fn is_local(ip: IpAddr) -> bool {
+    std::net::TcpListener::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
 /// `body`, cut at a frame boundary when `changed` is cancelled, with an

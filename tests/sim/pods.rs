@@ -246,7 +246,7 @@ async fn kubelet_reads_the_kubernetes_service_at_its_node_proxy_and_no_one_else_
     let status: Value = serde_json::from_str(&status).unwrap();
     assert_eq!(
         status["kubernetesService"],
-        json!({"mode": "Always", "rewritten": true, "target": format!("{POD_HOST}:{port}")})
+        json!({"mode": "Always", "rewritten": true, "target": format!("{POD_HOST}:{port}"), "addressOnNode": true})
     );
 }
 
@@ -359,5 +359,50 @@ async fn the_node_label_turns_the_rewrite_on_and_off_and_kubelet_relists() {
     assert_eq!(
         metric(&env, "kube_cache_proxy_kubernetes_service_changes_total ").await,
         Some(2.0)
+    );
+}
+
+/// An address that is not the node's: the listener binds all the same
+/// (`IP_FREEBIND`: the node's network may configure it later), and kubelet
+/// reads the real Service, since pods given the address could not connect.
+#[tokio::test]
+async fn the_service_is_not_rewritten_to_an_address_the_node_does_not_have() {
+    // Link-local, never configured on this machine by the tests.
+    let missing = "169.254.64.254";
+    let port = free_port();
+    let env = Env::start_with(Default::default(), |c| {
+        c.node_name = "node-1".into();
+        c.pod_network.listen = Some(format!("{missing}:{port}"));
+        c.pod_network.kubernetes_service = serde_json::from_value(json!("Always")).unwrap();
+    })
+    .await;
+    env.ready().await;
+    env.sim
+        .create(&gvr("", "services"), kubernetes_service())
+        .unwrap();
+    let kubelet_client = env.proxy(kubelet(&env));
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let list = loop {
+        let list = kubelet_client
+            .get("/api/v1/services?resourceVersion=0")
+            .await
+            .json();
+        if list["items"].as_array().is_some_and(|i| !i.is_empty()) {
+            break list;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(kubernetes_in(&list), ("10.96.0.1".into(), 443));
+    let (_, status) = env.admin_get("/debug/caches").await;
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["kubernetesService"]["rewritten"], false, "{status}");
+    assert_eq!(
+        status["kubernetesService"]["addressOnNode"], false,
+        "{status}"
+    );
+    assert_eq!(
+        metric(&env, "kube_cache_proxy_kubernetes_service_rewritten ").await,
+        Some(0.0)
     );
 }
