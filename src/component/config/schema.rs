@@ -256,7 +256,7 @@ pub struct CacheConfig {
     pub enabled: bool,
     /// Resources cached, each with one upstream list+watch. Default: what
     /// node agents watch (pods, nodes, services, endpointslices, namespaces,
-    /// runtimeclasses, csidrivers, csinodes, servicecidrs).
+    /// runtimeclasses, csidrivers, csinodes, servicecidrs, networkpolicies).
     pub resources: Vec<CachedResource>,
     /// Events kept per resource for watches that resume from an older RV
     /// (older ones get `410 Expired` and relist). Default 10000: several
@@ -485,6 +485,7 @@ impl Default for CacheConfig {
                 CachedResource::new("storage.k8s.io", "v1", "csidrivers"),
                 CachedResource::new("storage.k8s.io", "v1", "csinodes"),
                 CachedResource::new("networking.k8s.io", "v1", "servicecidrs"),
+                CachedResource::new("networking.k8s.io", "v1", "networkpolicies"),
             ],
             history_capacity: 10_000,
             history_max_age_seconds: 300,
