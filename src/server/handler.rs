@@ -116,8 +116,9 @@ impl Handler {
         self
     }
 
-    /// The view `user` reads `info` with (`cache::view`): kubelet's of the
-    /// `default/kubernetes` Service, while rewritten.
+    /// The view `user` reads `info` with (`cache::view`): this node's
+    /// kubelet reading Services, with `podNetwork.kubernetesService` set
+    /// (rewritten or not now: a change ends its watches).
     fn view_for(&self, user: Option<&UserInfo>, info: &RequestInfo) -> Option<&Arc<View>> {
         self.kubernetes_service
             .as_ref()
