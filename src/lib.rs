@@ -327,6 +327,19 @@ pub async fn run(
     let _stop = token.clone().drop_guard();
 
     let (tls, csr) = serving_tls(&config)?;
+    if let Some(pods) = config.pod_listen_addr()?
+        && csr.is_none()
+        && !tls.names_ip(pods.ip())
+    {
+        // Pods connecting there verify the address (client-go, kube-rs
+        // and the Python client all do); the CSR's template names it
+        // (checked by `validate`).
+        tracing::warn!(
+            address = %pods.ip(),
+            "the serving certificate does not name podNetwork.listen's address: pods' clients will \
+             refuse it (docs/pods.md)"
+        );
+    }
 
     let connected = upstream::connect(&config.upstream, &config.node_name).await?;
     let upstream::IdentityChecks {

@@ -123,6 +123,33 @@ impl ServerTls {
         Some(cert.validity().not_after.timestamp())
     }
 
+    /// Whether the current serving certificate names `ip` among its IP
+    /// subject alternative names (what a client connecting to `ip`
+    /// verifies).
+    pub fn names_ip(&self, ip: std::net::IpAddr) -> bool {
+        use x509_parser::prelude::GeneralName;
+        let key = self.cert.current.read().0.clone();
+        let Some(leaf) = key.cert.first() else {
+            return false;
+        };
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf) else {
+            return false;
+        };
+        let octets = match ip {
+            std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+            std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+        };
+        cert.subject_alternative_name()
+            .ok()
+            .flatten()
+            .is_some_and(|san| {
+                san.value
+                    .general_names
+                    .iter()
+                    .any(|n| matches!(n, GeneralName::IPAddress(b) if *b == octets.as_slice()))
+            })
+    }
+
     /// Whether a client's certificate chain (leaf first) chains to the
     /// current client-CA bundle and is valid now.
     pub fn verify_client(&self, chain: &[CertificateDer<'_>]) -> bool {
@@ -410,6 +437,30 @@ mod tests {
         std::fs::write(&file, format!("{}{}", issued.cert_pem, issued.key_pem)).unwrap();
         tls.reload_now().unwrap();
         assert!(!Arc::ptr_eq(&before, &tls.cert.current.read().0));
+    }
+
+    #[test]
+    fn the_serving_certificate_names_its_ip_addresses() {
+        let dir = tempdir();
+        let ca = apimachinery::pki::Ca::new("t").unwrap();
+        let pair = ca
+            .issue_server(
+                &["localhost"],
+                &[
+                    "127.0.0.1".parse().unwrap(),
+                    "169.254.64.1".parse().unwrap(),
+                ],
+            )
+            .unwrap();
+        let cfg = TlsConfig {
+            cert_file: Some(write(&dir, "tls.crt", &pair.cert_pem)),
+            private_key_file: Some(write(&dir, "tls.key", &pair.key_pem)),
+            ..TlsConfig::default()
+        };
+        let tls = ServerTls::load(&cfg).unwrap();
+        assert!(tls.names_ip("169.254.64.1".parse().unwrap()));
+        assert!(tls.names_ip("127.0.0.1".parse().unwrap()));
+        assert!(!tls.names_ip("169.254.64.2".parse().unwrap()));
     }
 
     #[test]
