@@ -423,6 +423,55 @@ impl Snapshots {
         file.sync_all()
     }
 
+    /// Where `info`'s timeline mark lives: from which resourceVersion on
+    /// the history this process applied is upstream's own
+    /// ([`ResourceCache::note_timeline`]).
+    fn timeline_path(&self, info: &ResourceInfo) -> PathBuf {
+        self.dir.join(format!("{}.timeline", Self::file_name(info)))
+    }
+
+    /// Records that this process's history of `info` is upstream's own
+    /// from `from` on (`None`: it may not be), atomically and on disk
+    /// before anything past it is served: a successor after a crash reads
+    /// it ([`Snapshots::read_timeline`]).
+    ///
+    /// # Errors
+    /// When the file cannot be written; the previous mark is then removed
+    /// (best effort: no mark reads as "not upstream's own", the safe side).
+    pub fn write_timeline(&self, info: &ResourceInfo, from: Option<u64>) -> io::Result<()> {
+        let path = self.timeline_path(info);
+        let tmp = self.dir.join(format!(
+            ".{}.timeline.tmp-{}",
+            Self::file_name(info),
+            std::process::id()
+        ));
+        let text = from.map_or_else(|| "none".to_string(), |rv| rv.to_string());
+        let written = private_file(&tmp)
+            .and_then(|mut f| {
+                f.write_all(text.as_bytes())?;
+                f.sync_all()
+            })
+            .and_then(|()| fs::rename(&tmp, &path))
+            .and_then(|()| sync_dir(&self.dir));
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(&path);
+        }
+        written
+    }
+
+    /// What the previous process recorded with
+    /// [`Snapshots::write_timeline`]: the resourceVersion from which its
+    /// history of `info` was upstream's own, or `None` (none recorded, or
+    /// it was not).
+    pub fn read_timeline(&self, info: &ResourceInfo) -> Option<u64> {
+        fs::read_to_string(self.timeline_path(info))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// The resourceVersion of `info`'s snapshot on disk, when this process
     /// read or wrote it.
     pub fn rv_on_disk(&self, info: &ResourceInfo) -> Option<u64> {
@@ -738,6 +787,31 @@ mod tests {
 
     fn dir() -> PathBuf {
         std::env::temp_dir().join(format!("kcp-snap-{}", uuid::Uuid::new_v4()))
+    }
+
+    /// The timeline mark a crashed process leaves, as its successor reads
+    /// it: a resourceVersion, or nothing for "not upstream's own" and for
+    /// no mark at all.
+    #[test]
+    fn the_timeline_mark_is_read_back_by_the_next_process() {
+        let d = dir();
+        let info = test_cache().info().clone();
+        let s = Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap();
+        assert_eq!(s.read_timeline(&info), None);
+        s.write_timeline(&info, Some(42)).unwrap();
+        let next = Snapshots::new(&d, 1 << 20, "up-1".into()).unwrap();
+        assert_eq!(next.read_timeline(&info), Some(42));
+        next.write_timeline(&info, None).unwrap();
+        assert_eq!(next.read_timeline(&info), None);
+        assert!(
+            fs::read_dir(&d).unwrap().all(|e| !e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".tmp-")),
+            "no temporary file left"
+        );
+        let _ = fs::remove_dir_all(&d);
     }
 
     #[tokio::test]

@@ -159,6 +159,17 @@ async fn bounded_probe<T>(
     }
 }
 
+/// A header every response of kube-apiserver's own handler chain carries
+/// (API Priority and Fairness, on by default: the FlowSchema that
+/// classified the request, watches included), and one the proxy does not
+/// send: a watch answered with it streams an apiserver's events, etcd's
+/// history, which every apiserver serves alike; one without it, another
+/// cache's (a tier replica), whose relists give resourceVersions of their
+/// own choosing ([`ResourceCache::note_timeline`]). Without API Priority
+/// and Fairness the proxy takes every upstream for such a cache: the safe
+/// side (after a crash, `410` for watches from past its snapshot).
+const APISERVER_RESPONSE_HEADER: &str = "x-kubernetes-pf-flowschema-uid";
+
 /// How long upstream may be unwatchable before readiness reports the cache
 /// stale.
 const STALE_AFTER: Duration = Duration::from_secs(5);
@@ -339,9 +350,19 @@ impl Reflector {
                 let objects = items.len();
                 self.cache.replace(items, rv);
                 // After a crash, the periodic snapshot may be older than
-                // what the last process served.
+                // what the last process served; whether that was
+                // upstream's own history, its timeline mark says.
                 if !clean {
-                    self.cache.resumed_after_crash(rv);
+                    let info = self.cache.info().clone();
+                    let snapshots = self.snapshots.clone();
+                    let upstreams = tokio::task::spawn_blocking(move || {
+                        snapshots.and_then(|s| s.read_timeline(&info))
+                    })
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|from| from <= rv);
+                    self.cache.resumed_after_crash(rv, upstreams);
                 }
                 self.cache.upstream_down();
                 self.readiness.set(
@@ -598,6 +619,24 @@ impl Reflector {
         }
     }
 
+    /// Notes what the history applied from now on is
+    /// ([`ResourceCache::note_timeline`]) and, with snapshots, records a
+    /// change on disk before anything past it is applied.
+    async fn note_timeline(&self, upstreams_from: Option<u64>) {
+        let Some(mark) = self.cache.note_timeline(upstreams_from) else {
+            return;
+        };
+        let Some(snapshots) = self.snapshots.clone() else {
+            return;
+        };
+        let info = self.cache.info().clone();
+        let written =
+            tokio::task::spawn_blocking(move || snapshots.write_timeline(&info, mark)).await;
+        if let Ok(Err(error)) = written {
+            tracing::warn!(resource = %self.check_name(), %error, "recording the cache's timeline mark failed; after a crash, watches from past its snapshot get 410");
+        }
+    }
+
     /// Reads the resource in JSON from now on, after `error` in protobuf.
     fn fall_back_to_json(&self, error: &str) {
         if self.cache.read_upstream_in_json() {
@@ -683,6 +722,9 @@ impl Reflector {
         }
         self.cache.metrics.relists.inc();
         self.cache.wait_unfrozen().await;
+        // The relist's differences get resourceVersions of the cache's
+        // choosing: not upstream's own history.
+        self.note_timeline(None).await;
         let encoding = if self.cache.upstream_protobuf() {
             "protobuf"
         } else {
@@ -730,6 +772,12 @@ impl Reflector {
         )
         .await?;
         let codec = codec.filter(|_| upstream_protobuf::is_protobuf(resp.headers()));
+        self.note_timeline(
+            resp.headers()
+                .contains_key(APISERVER_RESPONSE_HEADER)
+                .then_some(rv),
+        )
+        .await;
         if !progress {
             if self.cache.resumed() != Resumed::Current {
                 self.cache.set_resumed(Resumed::CatchingUp);

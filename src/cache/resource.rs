@@ -190,6 +190,17 @@ pub struct ResourceCache {
     /// what lies between ([`ResourceCache::resumed_after_crash`]); `0`
     /// otherwise. Read by every read with a resourceVersion: an atomic.
     crashed_at: AtomicU64,
+    /// From which resourceVersion on the history this process applied is
+    /// upstream's own, as every apiserver serves it (a kube-apiserver's
+    /// watch: etcd's history); `u64::MAX` while it may not be: a relist's
+    /// differences, given resourceVersions of the cache's choosing, or a
+    /// watch served by another cache (a tier replica), whose relists
+    /// choose their own ([`ResourceCache::note_timeline`]).
+    timeline_from: AtomicU64,
+    /// After a crash: whether the crashed process recorded that its
+    /// history past the snapshot was upstream's own (its timeline mark,
+    /// `persist.rs`).
+    crashed_timeline_upstreams: AtomicBool,
     /// While a successor takes over: the reflector applies nothing (it
     /// stops reading upstream), so nothing is served past the snapshot the
     /// successor resumes from.
@@ -328,6 +339,8 @@ impl ResourceCache {
             upstream_json: AtomicBool::new(false),
             resumed: watch::channel(Resumed::Current).0,
             crashed_at: AtomicU64::new(0),
+            timeline_from: AtomicU64::new(u64::MAX),
+            crashed_timeline_upstreams: AtomicBool::new(false),
             history_resets: watch::channel(0).0,
             frozen: watch::channel(false).0,
             times: Mutex::new(Times::default()),
@@ -583,7 +596,15 @@ impl ResourceCache {
             Resumed::Current => self.crashed_at.swap(0, Ordering::AcqRel),
             _ => 0,
         };
-        if from > 0 {
+        // What the crashed process served past its snapshot, and what this
+        // one applied since, were both upstream's own history: one
+        // timeline, which a client resuming in it may go on with.
+        if from > 0
+            && self.crashed_timeline_upstreams.load(Ordering::Acquire)
+            && self.timeline_from.load(Ordering::Acquire) <= from
+        {
+            tracing::info!(resource = %self.info.gvr.resource, from, to = self.rv(), "caught up after a crash; the history past the snapshot is upstream's own, so watches from it go on");
+        } else if from > 0 {
             let (to, closed) = {
                 let mut s = self.state.lock();
                 let (to, o) = s.disown_since(from);
@@ -613,9 +634,34 @@ impl ResourceCache {
     /// one gets `410 Gone` and its client lists again, as after a
     /// kube-apiserver's restart, whose watch cache starts at its first
     /// list (docs/reliability.md, finding 9).
-    pub fn resumed_after_crash(&self, rv: u64) {
+    ///
+    /// Unless `timeline_upstreams`: the crashed process recorded that what
+    /// it applied past `rv` was upstream's own history (no relist, only
+    /// watches a kube-apiserver served), and this process's catching up is
+    /// too ([`ResourceCache::note_timeline`]); then there is one timeline,
+    /// and the clients' resourceVersions in it are kept.
+    pub fn resumed_after_crash(&self, rv: u64, timeline_upstreams: bool) {
+        self.crashed_timeline_upstreams
+            .store(timeline_upstreams, Ordering::Release);
         self.crashed_at.store(rv, Ordering::Release);
         self.set_resumed(Resumed::CatchingUp);
+    }
+
+    /// Notes what the history applied from now on is: upstream's own from
+    /// `Some(rv)` on (a watch a kube-apiserver serves, from `rv`; kept
+    /// from earlier if it was already), or not (`None`: a relist, or a
+    /// watch served by another cache). Returns the new mark when it
+    /// changed, to be recorded on disk before anything past it is served.
+    pub fn note_timeline(&self, upstreams_from: Option<u64>) -> Option<Option<u64>> {
+        let new = upstreams_from.unwrap_or(u64::MAX);
+        let old = self.timeline_from.load(Ordering::Acquire);
+        let new = if new != u64::MAX && old != u64::MAX {
+            old
+        } else {
+            new
+        };
+        (self.timeline_from.swap(new, Ordering::AcqRel) != new)
+            .then_some((new != u64::MAX).then_some(new))
     }
 
     /// The resourceVersion of the crash snapshot the cache resumed from,

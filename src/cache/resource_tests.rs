@@ -259,3 +259,62 @@ async fn a_rewind_found_by_one_cache_relists_its_siblings_once() {
     assert!(caches[0].rewound(5, 10, later));
     assert_eq!(asked(&caches[1]).await, Some("rewound"));
 }
+
+/// What a timeline mark follows: upstream's own history from the first
+/// watch a kube-apiserver serves, kept across the next, lost at a relist
+/// or a watch another cache serves (`ResourceCache::note_timeline`);
+/// only a change is returned, to be recorded.
+#[test]
+fn the_timeline_mark_follows_where_the_history_comes_from() {
+    let c = test_cache();
+    assert_eq!(c.note_timeline(Some(10)), Some(Some(10)));
+    assert_eq!(c.note_timeline(Some(20)), None, "kept from 10");
+    assert_eq!(c.note_timeline(None), Some(None));
+    assert_eq!(c.note_timeline(None), None);
+    assert_eq!(c.note_timeline(Some(30)), Some(Some(30)));
+}
+
+/// After a crash, the resourceVersions between the snapshot and the
+/// caught-up cache are disowned (a watch from them gets `410`) unless the
+/// crashed process's history past its snapshot and this one's were both
+/// upstream's own: one timeline, whose resourceVersions a client may go on
+/// from (issue 60: watchers of a proxy killed and restarted got `410`).
+#[test]
+fn after_a_crash_one_upstream_timeline_keeps_the_resource_versions_between() {
+    let cm = |name: &str, rv: u64| {
+        let json = format!(
+            r#"{{"kind":"ConfigMap","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}}}}"#
+        );
+        CachedObject::from_json(json.as_bytes(), FieldSet::Default, true).unwrap()
+    };
+    for (crashed, ours, disowned) in [
+        // Both upstream's own: kept.
+        (true, Some(10), false),
+        // The crashed process relisted, or read a tier, past its snapshot.
+        (false, Some(10), true),
+        // This process relisted, or reads a tier.
+        (true, None, true),
+        // This process's history is upstream's only from past the snapshot.
+        (true, Some(12), true),
+    ] {
+        let c = test_cache();
+        c.replace(Vec::new(), 10);
+        c.resumed_after_crash(10, crashed);
+        if let Some(from) = ours {
+            c.note_timeline(Some(from));
+        } else {
+            c.note_timeline(None);
+        }
+        for rv in 11..=15 {
+            c.apply(EventType::Added, cm(&format!("c{rv}"), rv));
+        }
+        c.set_resumed(Resumed::Current);
+        assert_eq!(
+            c.expire_below() > 11,
+            disowned,
+            "crashed {crashed}, ours {ours:?}: expire below {}",
+            c.expire_below()
+        );
+        assert_eq!(c.crashed_at(), None);
+    }
+}

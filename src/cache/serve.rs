@@ -990,7 +990,7 @@ mod crash_tests {
     async fn a_consistent_read_waits_for_a_crashed_cache_to_catch_up() {
         let cache = Arc::new(test_cache());
         cache.replace(Vec::new(), 10);
-        cache.resumed_after_crash(10);
+        cache.resumed_after_crash(10, false);
         let upstream = Upstream::new(
             &kube::Config::new("https://127.0.0.1:1".parse().unwrap()),
             Duration::from_secs(1),

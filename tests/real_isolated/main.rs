@@ -24,6 +24,7 @@ mod outage;
 mod pods;
 mod restart;
 mod restore;
+mod resumes;
 mod robustness;
 mod sidecar;
 mod streams;

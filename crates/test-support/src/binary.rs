@@ -21,6 +21,8 @@ pub struct Binary {
     pub metrics_port: u16,
     pub dir: PathBuf,
     pub ca_pem: String,
+    /// The program, its arguments and environment, to start it again.
+    recipe: (PathBuf, Vec<std::ffi::OsString>, Vec<(String, String)>),
 }
 
 impl Binary {
@@ -74,54 +76,70 @@ impl Binary {
         let free = || kube_testenv::free_port().unwrap();
         let (port, admin_port, metrics_port) = (free(), free(), free());
         let bin = crate::proxy_binary();
-        let mut command = if no_capabilities && can_drop_capabilities() {
-            let mut c = tokio::process::Command::new("setpriv");
-            c.args([
-                "--bounding-set=-all",
-                "--inh-caps=-all",
-                "--ambient-caps=-all",
-                "--",
-            ])
-            .arg(&bin);
-            c
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        let program = if no_capabilities && can_drop_capabilities() {
+            args.extend(
+                [
+                    "--bounding-set=-all",
+                    "--inh-caps=-all",
+                    "--ambient-caps=-all",
+                    "--",
+                ]
+                .map(Into::into),
+            );
+            args.push(bin.into());
+            PathBuf::from("setpriv")
         } else {
-            tokio::process::Command::new(bin)
+            bin
         };
-        let child = command
-            .arg("--config")
-            .arg(crate::repo().join(config))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
-            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-            .arg("--tls-cert-file")
-            .arg(write("tls.crt", &serving.cert_pem))
-            .arg("--tls-private-key-file")
-            .arg(write("tls.key", &serving.key_pem))
-            .arg("--client-ca-file")
-            .arg(write("client-ca.crt", &cp.ca_pem()))
-            .arg("--upstream-kubeconfig")
-            .arg(write("upstream.kubeconfig", &upstream_kubeconfig))
-            .args(["--node-name", node])
-            // The node's state directory, here the test's own.
-            .arg("--cache-persistence-directory")
-            .arg(dir.join("state/cache"))
-            .arg("--takeover-socket-path")
-            .arg(dir.join("state/takeover.sock"))
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            // A file, not a pipe nobody drains while it runs.
-            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut arg = |a: &dyn AsRef<std::ffi::OsStr>| args.push(a.as_ref().to_owned());
+        arg(&"--config");
+        arg(&crate::repo().join(config));
+        arg(&"--listen");
+        arg(&format!("127.0.0.1:{port}"));
+        arg(&"--admin-listen");
+        arg(&format!("127.0.0.1:{admin_port}"));
+        arg(&"--metrics-listen");
+        arg(&format!("127.0.0.1:{metrics_port}"));
+        arg(&"--tls-cert-file");
+        arg(&write("tls.crt", &serving.cert_pem));
+        arg(&"--tls-private-key-file");
+        arg(&write("tls.key", &serving.key_pem));
+        arg(&"--client-ca-file");
+        arg(&write("client-ca.crt", &cp.ca_pem()));
+        arg(&"--upstream-kubeconfig");
+        arg(&write("upstream.kubeconfig", &upstream_kubeconfig));
+        arg(&"--node-name");
+        arg(&node);
+        // The node's state directory, here the test's own.
+        arg(&"--cache-persistence-directory");
+        arg(&dir.join("state/cache"));
+        arg(&"--takeover-socket-path");
+        arg(&dir.join("state/takeover.sock"));
+        let recipe = (
+            program,
+            args,
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
         Binary {
-            child,
+            child: spawn(&recipe, &dir),
             port,
             admin_port,
             metrics_port,
             dir,
             ca_pem: ca.cert_pem(),
+            recipe,
         }
+    }
+
+    /// Kills the process (`SIGKILL`, as a crash or an OOM kill) and starts
+    /// it again with the same arguments, ports and state directory (its
+    /// snapshots, what it wrote before the kill).
+    pub async fn kill_and_restart(&mut self) {
+        let _ = self.child.kill().await;
+        self.child = spawn(&self.recipe, &self.dir);
     }
 
     /// A plain-HTTP GET on the admin port: (status, body), or `None` while
@@ -164,6 +182,29 @@ impl Binary {
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
     }
+}
+
+/// Starts `recipe` (program, arguments, environment), its stderr appended
+/// to `dir/stderr`.
+fn spawn(
+    recipe: &(PathBuf, Vec<std::ffi::OsString>, Vec<(String, String)>),
+    dir: &Path,
+) -> tokio::process::Child {
+    let (program, args, env) = recipe;
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("stderr"))
+        .unwrap();
+    tokio::process::Command::new(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        // A file, not a pipe nobody drains while it runs.
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
 
 /// Whether this test runs as root with `setpriv` at hand, to run the proxy
