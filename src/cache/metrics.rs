@@ -11,7 +11,8 @@ use prometheus::{
 const NS: &str = "kube_cache_proxy";
 
 /// `reason` values of `upstream_watch_restarts_total`.
-pub const WATCH_RESTART_REASONS: &[&str] = &["closed", "error", "expired", "heal", "rewound"];
+pub const WATCH_RESTART_REASONS: &[&str] =
+    &["closed", "error", "expired", "heal", "rewound", "silent"];
 /// `type` values of `cache_events_received_total`: the watch event types.
 pub const EVENT_TYPES: &[&str] = &["ADDED", "MODIFIED", "DELETED", "BOOKMARK"];
 /// `reason` values of `cache_watchers_terminated_total`.
@@ -166,7 +167,7 @@ impl CacheMetrics {
             history_bytes: gauge("cache_history_bytes", "Bytes the watch cache's history holds beyond the current objects: the object versions only it keeps (each version an event replaced, and a deleted object's last state) and the watch-event frames encoded for its events, in every representation asked for.")?,
             resource_version: gauge("cache_resource_version", "The watch cache's resourceVersion (newest event or bookmark applied).")?,
             relists: counter("upstream_relists_total", "Upstream lists (the first, and relists after 410 Gone).", &[])?,
-            watch_restarts: counter("upstream_watch_restarts_total", "Upstream watches restarted, by reason (closed|error|expired|heal|rewound).", &["reason"])?,
+            watch_restarts: counter("upstream_watch_restarts_total", "Upstream watches restarted, by reason (closed|error|expired|heal|rewound|silent).", &["reason"])?,
             watchers: gauge("cache_watchers", "Open watches served from the cache.")?,
             events_received: counter("cache_events_received_total", "Events received from upstream, by type.", &["type"])?,
             events_dispatched: counter("cache_events_dispatched_total", "Event frames queued to watchers (one per watcher an event reaches).", &[])?,

@@ -18,6 +18,7 @@ pub mod query;
 pub mod reflector;
 pub mod resource;
 pub mod serve;
+pub mod silence;
 pub mod status;
 pub mod store;
 pub mod upstream_protobuf;
@@ -216,6 +217,19 @@ impl Caches {
         check: &crate::component::config::ConsistencyCheckConfig,
         shutdown: &CancellationToken,
     ) {
+        // One watchdog for the connections every reflector shares, probing
+        // with the resource first in order.
+        if let Some(cache) = self
+            .by_gvr
+            .values()
+            .min_by_key(|c| c.info().gvr.resource.clone())
+        {
+            tokio::spawn(silence::watchdog(
+                upstream.clone(),
+                cache.clone(),
+                shutdown.clone(),
+            ));
+        }
         for cache in self.by_gvr.values() {
             tokio::spawn(
                 checker::Checker {

@@ -802,6 +802,7 @@ impl Reflector {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
+            self.upstream.heard();
             buf.extend_from_slice(&data);
             if let Some(codec) = &codec {
                 // Frames: a 4-byte big-endian length, then a `WatchEvent`.

@@ -42,6 +42,13 @@ struct SiteState {
     active: tokio::sync::watch::Sender<usize>,
     /// `kube_cache_proxy_upstream_fallback_active`, once set.
     gauge: std::sync::OnceLock<prometheus::IntGauge>,
+    /// Bumped by [`Upstream::reconnect`]: watches end and resume over new
+    /// connections.
+    reconnects: tokio::sync::watch::Sender<u64>,
+    /// When an upstream watch last delivered anything (an event, a
+    /// bookmark): milliseconds since `epoch` ([`Upstream::heard`]).
+    heard_ms: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
 }
 
 /// Consecutive failures to connect to the primary before the fallback is
@@ -118,6 +125,9 @@ impl Upstream {
                 failures: std::sync::atomic::AtomicU32::new(0),
                 active: tokio::sync::watch::Sender::new(0),
                 gauge: std::sync::OnceLock::new(),
+                reconnects: tokio::sync::watch::Sender::new(0),
+                heard_ms: std::sync::atomic::AtomicU64::new(0),
+                epoch: std::time::Instant::now(),
             }),
         })
     }
@@ -158,12 +168,50 @@ impl Upstream {
     }
 
     /// Resolves when the active server changes (a watch of the other one
-    /// should end and resume on it).
+    /// should end and resume on it), or [`Upstream::reconnect`] is called.
     pub fn site_changed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut rx = self.state.active.subscribe();
+        let mut active = self.state.active.subscribe();
+        let mut reconnects = self.state.reconnects.subscribe();
         async move {
-            let _ = rx.changed().await;
+            tokio::select! {
+                _ = active.changed() => {}
+                _ = reconnects.changed() => {}
+            }
         }
+    }
+
+    /// Notes that an upstream watch delivered something (an event, a
+    /// bookmark): the server behind it is current as far as it knows.
+    pub fn heard(&self) {
+        let ms = u64::try_from(self.state.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.state
+            .heard_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long since an upstream watch last delivered anything
+    /// ([`Upstream::heard`]), or since the upstream was made.
+    pub fn silent_for(&self) -> Duration {
+        let heard = self
+            .state
+            .heard_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.state
+            .epoch
+            .elapsed()
+            .saturating_sub(Duration::from_millis(heard))
+    }
+
+    /// Sends the proxy's own requests over new connections from now on,
+    /// and ends its watches (they resume over them): the server behind
+    /// the connections in use answers no more, or lags (behind a load
+    /// balancer, a new connection may reach another apiserver; with
+    /// client-side balancing, the balancer picks one).
+    pub fn reconnect(&self) {
+        let site = &self.sites[*self.state.active.borrow()];
+        site.reset_proxy_connections();
+        self.state.reconnects.send_modify(|n| *n += 1);
+        self.heard();
     }
 
     fn activate(&self, i: usize) {

@@ -88,6 +88,12 @@ impl Pools {
         }
     }
 
+    /// New requests go over new connections from now on; requests in
+    /// flight finish on the ones they have.
+    pub(super) fn reset(&self) {
+        self.slots.write().clear();
+    }
+
     /// A pool with room for one more request, and the request's share.
     pub(super) fn checkout(&self) -> (Pool, StreamGuard) {
         use std::sync::atomic::Ordering;

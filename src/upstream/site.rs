@@ -263,6 +263,12 @@ impl Site {
         });
     }
 
+    /// New requests with the proxy's own credentials go over new
+    /// connections ([`crate::upstream::Upstream::reconnect`]).
+    pub(super) fn reset_proxy_connections(&self) {
+        self.proxy.read().pools.reset();
+    }
+
     pub(super) fn transport(&self, credentials: Credentials) -> Transport {
         match credentials {
             Credentials::Proxy => self.proxy.read().clone(),
