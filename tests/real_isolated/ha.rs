@@ -151,6 +151,11 @@ const BEHIND_AFTER_A_LAG: Duration = Duration::from_secs(10);
 /// (`cache/silence.rs`: at most 40 s), and resumes on another apiserver.
 const BEHIND_A_LOAD_BALANCER_AFTER_A_LAG: Duration = Duration::from_secs(50);
 
+/// Reads through the proxy (every 50 ms for 10 s) that may fail around a
+/// fault: those in flight on the connection it breaks (a passed-through
+/// read is not retried: the client decides). Measured: 0–2.
+const FAILED_READS: u64 = 3;
+
 /// What happens to the apiserver carrying the proxy's watch.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
@@ -351,6 +356,7 @@ async fn behind_haproxy(cp: &'static ControlPlane) {
     );
     assert!(f.watch_gap < Duration::from_secs(15), "{f:?}");
     assert!(f.behind < BEHIND_AFTER_A_KILL, "{f:?}");
+    assert!(f.failed <= FAILED_READS, "{f:?}");
     // HAProxy's health check marks a lagging apiserver down for new
     // connections, but the proxy's watch stays on its connection, silent:
     // the proxy's watchdog (`cache/silence.rs`) finds it and reconnects.
@@ -361,6 +367,7 @@ async fn behind_haproxy(cp: &'static ControlPlane) {
         f.watch_gap, f.behind, f.failed, f.reads
     );
     assert!(f.behind < BEHIND_A_LOAD_BALANCER_AFTER_A_LAG, "{f:?}");
+    assert!(f.failed <= FAILED_READS, "{f:?}");
     drop(env);
     stop.cancel();
 }
@@ -453,6 +460,7 @@ async fn client_side_balancing(cp: &'static ControlPlane) {
     );
     assert!(f.watch_gap < Duration::from_secs(15), "{f:?}");
     assert!(f.behind < BEHIND_AFTER_A_KILL, "{f:?}");
+    assert!(f.failed <= FAILED_READS, "{f:?}");
     eventually(
         Duration::from_secs(60),
         "three apiservers ready again",
@@ -470,6 +478,7 @@ async fn client_side_balancing(cp: &'static ControlPlane) {
     // lagging apiserver within maxLagSeconds (4) and a probe interval (2),
     // and the watch resumes on another at once.
     assert!(f.behind < BEHIND_AFTER_A_LAG, "{f:?}");
+    assert!(f.failed <= FAILED_READS, "{f:?}");
 
     // Lagging: one apiserver's etcd member stopped. It still answers
     // `/readyz` and `resourceVersion=0` from its watch cache, but not a
