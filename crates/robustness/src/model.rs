@@ -327,6 +327,9 @@ pub struct Segment {
     pub start: Start,
     /// What it delivered, in order.
     pub events: Vec<Observed>,
+    /// When each of `events` arrived (Unix seconds), for staleness
+    /// (`validate::freshness`); empty where not recorded.
+    pub arrived: Vec<f64>,
     pub end: End,
     /// When the request was sent and when the stream ended (Unix seconds).
     pub started: f64,

@@ -146,6 +146,8 @@ impl Recording {
 /// What one watch request turned into.
 struct Outcome {
     events: Vec<Observed>,
+    /// When each event arrived (Unix seconds).
+    arrived: Vec<f64>,
     end: End,
     last_rv: Option<u64>,
 }
@@ -203,6 +205,7 @@ pub async fn run(
                         filter: spec.filter.clone(),
                         start: Start::Listed { rv, items },
                         events: Vec::new(),
+                        arrived: Vec::new(),
                         end: End::Broken(short(&e)),
                         started,
                         ended: crate::model::unix_now(),
@@ -254,6 +257,7 @@ pub async fn run(
             filter: spec.filter.clone(),
             start,
             events: outcome.events,
+            arrived: outcome.arrived,
             end: outcome.end,
             started,
             ended: crate::model::unix_now(),
@@ -522,6 +526,7 @@ async fn watch_from(
     }
     let mut out = Outcome {
         events: Vec::new(),
+        arrived: Vec::new(),
         end: End::Closed,
         last_rv: None,
     };
@@ -534,6 +539,7 @@ async fn watch_from(
                 *p = (*p).max(o.rv());
                 drop(progress);
                 out.events.push(o);
+                out.arrived.push(crate::model::unix_now());
                 true
             }
             Wire::Error(code, message) => {

@@ -24,6 +24,10 @@ pub struct Reference {
     progress: u64,
     pub(super) histories: BTreeMap<Resource, History>,
     len: usize,
+    /// When each revision was first recorded (Unix seconds): etcd's watch
+    /// delivers a change within milliseconds of its commit, so this is
+    /// when the cluster had it (`validate::freshness`).
+    committed: BTreeMap<u64, f64>,
 }
 
 impl Reference {
@@ -50,6 +54,7 @@ impl Reference {
             progress: start,
             histories,
             len: 0,
+            committed: BTreeMap::new(),
         }
     }
 
@@ -77,6 +82,7 @@ impl Reference {
         if rev > self.last_event {
             self.last_event = rev;
             self.keys_at_last.clear();
+            self.committed.insert(rev, crate::model::unix_now());
         }
         self.keys_at_last.push(key.to_string());
         let Some((resource, key)) = Resource::of_etcd_key(key) else {
@@ -111,6 +117,11 @@ impl Reference {
     /// The newest revision known (of an event or a progress notification).
     pub fn head(&self) -> u64 {
         self.last_event.max(self.progress)
+    }
+
+    /// When revision `rev` was recorded (Unix seconds), if it was.
+    pub fn committed_at(&self, rev: u64) -> Option<f64> {
+        self.committed.get(&rev).copied()
     }
 
     /// The start revision.

@@ -334,7 +334,13 @@ async fn validate_epoch(
                 _ => None,
             };
             let rl = relists.get(seg.filter.resource.plural()).unwrap_or(&empty);
-            let r = validate::validate_segment(reference, seg, before, rl);
+            let mut r = validate::validate_segment(reference, seg, before, rl);
+            r.anomalies.extend(crate::validate::freshness::measure(
+                reference,
+                seg,
+                windows,
+                &mut report.freshness,
+            ));
             report.events += r.events;
             report.windows += r.windows;
             let mut seen: BTreeSet<FaultKind> = BTreeSet::new();

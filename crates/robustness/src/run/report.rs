@@ -54,6 +54,9 @@ pub struct Report {
     /// ended.
     pub busiest: Vec<(String, usize, String)>,
     pub written: BTreeMap<String, u64>,
+    /// Staleness and `410 Gone` by who served and by fault
+    /// (`validate::freshness`).
+    pub freshness: crate::validate::freshness::Freshness,
     /// Where the run's files are.
     pub dir: PathBuf,
 }
@@ -69,6 +72,57 @@ impl Report {
         p.count += 1;
         if p.first.is_none() {
             p.first = Some(a);
+        }
+    }
+
+    /// The staleness table (p50 / p99 / max seconds, and how many changes,
+    /// by fault and by who served) and the `410 Gone` table.
+    fn freshness_text(&self, out: &mut String) {
+        use crate::validate::freshness::{Freshness, Served, bound};
+        let served = [Served::Apiserver, Served::NodeProxy, Served::Tier];
+        let label = |k: &Option<FaultKind>| k.map_or("steady", FaultKind::as_str);
+        out.push_str("staleness, from etcd having a change to a watcher getting it (p50 / p99 / max s, changes; the bound a proxy must keep):\n");
+        let mut faults: Vec<Option<FaultKind>> =
+            self.freshness.staleness.keys().map(|(_, k)| *k).collect();
+        faults.sort();
+        faults.dedup();
+        out.push_str(&format!(
+            "  {:<20} {:>26} {:>26} {:>26} {:>6}\n",
+            "fault", "apiserver", "node proxies", "tier", "bound"
+        ));
+        for k in &faults {
+            let mut line = format!("  {:<20}", label(k));
+            for s in served {
+                let cell = match self.freshness.staleness.get(&(s, *k)) {
+                    Some(v) if !v.is_empty() => {
+                        let (p50, p99, max) = Freshness::summary(v);
+                        format!("{p50:.2} / {p99:.2} / {max:.1} ({})", v.len())
+                    }
+                    _ => "-".into(),
+                };
+                line.push_str(&format!(" {cell:>26}"));
+            }
+            let b = bound(*k).map_or("-".to_string(), |b| format!("{b:.0} s"));
+            line.push_str(&format!(" {b:>6}\n"));
+            out.push_str(&line);
+        }
+        out.push_str("410 Gone sent to watchers, by fault (apiserver / node proxies / tier):\n");
+        let mut gone: Vec<Option<FaultKind>> =
+            self.freshness.gone.keys().map(|(_, k)| *k).collect();
+        gone.sort();
+        gone.dedup();
+        if gone.is_empty() {
+            out.push_str("  none\n");
+        }
+        for k in gone {
+            let n = |s| self.freshness.gone.get(&(s, k)).copied().unwrap_or(0);
+            out.push_str(&format!(
+                "  {:<20} {} / {} / {}\n",
+                label(&k),
+                n(Served::Apiserver),
+                n(Served::NodeProxy),
+                n(Served::Tier)
+            ));
         }
     }
 
@@ -152,6 +206,7 @@ impl Report {
                     .join(", ")
             ),
         );
+        self.freshness_text(&mut out);
         w(&mut out, "watchers with the most watch requests:".into());
         for (name, n, ends) in &self.busiest {
             w(&mut out, format!("  {n:>6}  {name}: {ends}"));
@@ -226,5 +281,6 @@ fn short_property(p: Property) -> &'static str {
         Property::InitialState => "init",
         Property::FinalState => "fin",
         Property::Reads => "read",
+        Property::Fresh => "frsh",
     }
 }

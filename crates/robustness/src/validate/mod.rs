@@ -19,10 +19,12 @@
 //! intermediate versions. Such a relist window is accepted when it brings
 //! the watcher exactly to etcd's state at the list's resourceVersion.
 //!
-//! `report`: the properties, anomalies and what a segment's validation
-//! returns; `segment`: one segment from its start to its end; `walk`: what
+//! `freshness`: how long after etcd each change reached each watcher, and
+//! the bound a proxy's must keep; `report`: the properties, anomalies and
+//! what a segment's validation returns; `segment`: one segment from its start to its end; `walk`: what
 //! the walk carries, and relist windows; `reads`: clients' reads.
 
+pub mod freshness;
 mod reads;
 mod report;
 mod segment;

@@ -40,11 +40,14 @@ pub enum Property {
     /// No read goes back in time: a list is not older than asked, nor
     /// older than the client's previous reads.
     Reads,
+    /// A change reaches a proxy's watchers within a bound of etcd having
+    /// it, once an apiserver could tell the proxy (`freshness.rs`).
+    Fresh,
 }
 
 impl Property {
     /// Every property, in the order of reports.
-    pub const ALL: [Property; 10] = [
+    pub const ALL: [Property; 11] = [
         Property::Ordered,
         Property::Unique,
         Property::Reliable,
@@ -55,6 +58,7 @@ impl Property {
         Property::InitialState,
         Property::FinalState,
         Property::Reads,
+        Property::Fresh,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,6 +73,7 @@ impl Property {
             Property::InitialState => "initial state",
             Property::FinalState => "final state",
             Property::Reads => "reads",
+            Property::Fresh => "fresh",
         }
     }
 
@@ -99,6 +104,9 @@ impl Property {
                 "the state rebuilt from a stream is etcd's at the stream's last resourceVersion"
             }
             Property::Reads => "no read is older than asked, nor than the client's previous reads",
+            Property::Fresh => {
+                "a change reaches a proxy's watchers within the bound for the fault it came in"
+            }
         }
     }
 }

@@ -118,6 +118,7 @@ fn segment(filter: Filter, start: Start, events: Vec<Observed>) -> Segment {
         filter,
         start,
         events,
+        arrived: Vec::new(),
         end: End::Closed,
         started: 0.0,
         ended: 0.0,
