@@ -138,16 +138,6 @@ impl KubernetesService {
         self.view.is_on()
     }
 
-    /// What the Service is rewritten to.
-    pub fn target(&self) -> SocketAddr {
-        self.target
-    }
-
-    /// The configured mode.
-    pub fn mode(&self) -> KubernetesServiceMode {
-        self.mode
-    }
-
     /// Counts a read of Services by kubelet: answered from the cache with
     /// the rewrite (`rewritten`) or without, while it is off (`real`), or
     /// passed through (`passed_through`: the apiserver's answer).
@@ -176,8 +166,8 @@ impl KubernetesService {
     /// mode while this node's Node in `nodes`, the proxy's own cache of it,
     /// carries [`NODE_LABEL`]) and its address is the node's (else pods
     /// given it could not connect: the real Service is safer), until
-    /// `shutdown`. Looks again when the Node changes and every
-    /// [`ADDRESS_CHECK`].
+    /// `shutdown`. Looks at the label when the Node changes, at the
+    /// address every [`ADDRESS_CHECK`] (a socket bound and closed).
     pub async fn run(
         self: Arc<Self>,
         nodes: Option<Arc<ResourceCache>>,
@@ -185,6 +175,8 @@ impl KubernetesService {
     ) {
         let mut rv = nodes.as_ref().map(|n| n.subscribe_rv());
         let mut address_was_local = true;
+        let mut address_local = is_local(self.target.ip());
+        let mut next_check = tokio::time::Instant::now() + ADDRESS_CHECK;
         loop {
             let wanted = match self.mode {
                 KubernetesServiceMode::Always => true,
@@ -197,7 +189,10 @@ impl KubernetesService {
                 }),
                 KubernetesServiceMode::Never => false,
             };
-            let address_local = is_local(self.target.ip());
+            if tokio::time::Instant::now() >= next_check {
+                address_local = is_local(self.target.ip());
+                next_check = tokio::time::Instant::now() + ADDRESS_CHECK;
+            }
             if wanted && !address_local && address_was_local {
                 tracing::warn!(
                     address = %self.target.ip(),
@@ -217,7 +212,7 @@ impl KubernetesService {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 changed = node_changed => if !changed { return },
-                _ = tokio::time::sleep(ADDRESS_CHECK) => {}
+                _ = tokio::time::sleep_until(next_check) => {}
             }
         }
     }

@@ -207,6 +207,19 @@ impl Config {
                     "needs podNetwork.listen: the address the Service is rewritten to",
                 ));
             }
+            let nodes_cached = self.cache.enabled
+                && self
+                    .cache
+                    .resources
+                    .iter()
+                    .any(|r| r.group.is_empty() && r.resource == "nodes");
+            if pods.kubernetes_service == KubernetesServiceMode::NodeLabel && !nodes_cached {
+                return Err(ConfigError::invalid(
+                    "podNetwork.kubernetesService",
+                    "NodeLabel reads the label from the proxy's cache of its Node: cache nodes \
+                     (cache.resources)",
+                ));
+            }
             if self.node_name.is_empty() {
                 return Err(ConfigError::invalid(
                     "podNetwork.kubernetesService",
@@ -605,6 +618,12 @@ mod tests {
             .is_ok()
         );
         assert!(Config::from_yaml("podNetwork: {kubernetesService: Sometimes}\n").is_err());
+        let err = with(
+            "podNetwork: {listen: '169.254.64.1:6444', kubernetesService: NodeLabel}\ncache: {resources: [{version: v1, resource: pods}]}\n",
+            "n",
+        )
+        .unwrap_err();
+        assert!(err.contains("cache nodes"), "{err}");
     }
 
     #[test]
