@@ -11,8 +11,9 @@
 #
 # The binaries come from ../shared/k8s/kubernetes-v<version>.*-linux-amd64.tar.xz,
 # or from setup-envtest's directories beside $KUBEBUILDER_ASSETS
-# (<version>.<patch>-linux-amd64); a version not at hand is skipped with
-# one line per test binary (kube-testenv, KUBE_TESTENV_APISERVER_VERSION).
+# (<version>.<patch>-linux-amd64). A version not at hand fails every
+# real-apiserver test, naming it (KUBE_CACHE_PROXY_REQUIRE_ALL, set here:
+# kube_testenv::skip): a matrix that passes has run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 versions=("$@")
@@ -20,6 +21,7 @@ versions=("$@")
 # The real-apiserver tests are two test binaries: the tests that share a
 # control plane (`real`), and those with one each (`real_isolated`).
 tests=(--test real --test real_isolated)
+export KUBE_CACHE_PROXY_REQUIRE_ALL=${KUBE_CACHE_PROXY_REQUIRE_ALL:-1}
 for v in "${versions[@]}"; do
     echo "== the real-apiserver tests against kube-apiserver $v"
     start=$SECONDS

@@ -466,7 +466,7 @@ fn json_objects(out: &str) -> Vec<(String, String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_watches_and_chunked_lists_end_identical_through_the_proxy_and_directly() {
     if !kubectl_available() {
-        eprintln!("kubectl is not installed; skipping");
+        kube_testenv::skip::skip("kubectl is not installed");
         return;
     }
     let Some(env) = RealEnv::start_with(support::cache_configmaps).await else {

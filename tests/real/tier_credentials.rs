@@ -473,10 +473,10 @@ async fn a_tier_learns_again_when_its_node_requests_are_refused() {
         return;
     };
     if !cp.has_constrained_impersonation() {
-        eprintln!(
-            "skipping: kube-apiserver {} has no constrained impersonation",
+        kube_testenv::skip::not_applicable(format!(
+            "kube-apiserver {} has no constrained impersonation",
             cp.version()
-        );
+        ));
         return;
     }
     let admin = Client::new(

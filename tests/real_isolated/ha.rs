@@ -331,7 +331,7 @@ async fn behind_haproxy(cp: &'static ControlPlane) {
         .await
         .unwrap();
     if lb.kind != "haproxy" {
-        eprintln!("skipping the HAProxy half: HAProxy is not installed (apt-get install haproxy)");
+        kube_testenv::skip::skip("HAProxy is not installed (Debian's haproxy)");
         return;
     }
     let env = RealEnv::start_on_within(

@@ -76,7 +76,7 @@ async fn hollow_node_runs_through_the_proxy() {
     };
     let cp = plane.cp();
     if !cp.assets().has_kubemark() {
-        eprintln!("skipping: no kubemark in {}", cp.assets().dir.display());
+        kube_testenv::skip::skip(format!("no kubemark in {}", cp.assets().dir.display()));
         return;
     }
     let admin_direct = support::Client::new(
@@ -358,11 +358,11 @@ async fn an_older_kubelet_runs_its_pods_through_the_proxy() {
     let kubemark = match kube_testenv::Assets::version(OLD) {
         Ok(a) if a.has_kubemark() => a,
         Ok(a) => {
-            eprintln!("skipping: no kubemark in {}", a.dir.display());
+            kube_testenv::skip::skip(format!("no kubemark in {}", a.dir.display()));
             return;
         }
         Err(e) => {
-            eprintln!("skipping: {e}");
+            kube_testenv::skip::skip(e);
             return;
         }
     };
@@ -480,7 +480,9 @@ async fn a_deployment_runs_on_a_hollow_node_with_the_scheduler_and_controllers()
     // The controllers are the newest version: against an older apiserver
     // (the version matrix) skip before starting a control plane.
     if let Some(v) = kube_testenv::Options::default().wanted_version() {
-        eprintln!("skipping: the controllers are not built for kube-apiserver {v}");
+        kube_testenv::skip::not_applicable(format!(
+            "the controllers are not built for kube-apiserver {v}"
+        ));
         return;
     }
     let Some(plane) = Isolated::start(Options::default()).await else {
@@ -488,13 +490,13 @@ async fn a_deployment_runs_on_a_hollow_node_with_the_scheduler_and_controllers()
     };
     let cp = plane.cp();
     if !cp.assets().has_kubemark() {
-        eprintln!("skipping: no kubemark in {}", cp.assets().dir.display());
+        kube_testenv::skip::skip(format!("no kubemark in {}", cp.assets().dir.display()));
         return;
     }
     let controllers = match kube_testenv::Assets::controllers() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("skipping: {e}");
+            kube_testenv::skip::skip(e);
             return;
         }
     };
@@ -504,10 +506,10 @@ async fn a_deployment_runs_on_a_hollow_node_with_the_scheduler_and_controllers()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     if !version.ends_with(cp.version()) {
-        eprintln!(
-            "skipping: the controllers are {version}, the apiserver {}",
+        kube_testenv::skip::skip(format!(
+            "the controllers are {version}, the apiserver {}",
             cp.version()
-        );
+        ));
         return;
     }
     let _controllers = cp.start_controllers().unwrap();

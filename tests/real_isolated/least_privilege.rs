@@ -162,10 +162,10 @@ async fn the_binary_runs_with_the_daemonset_configuration_as_its_node() {
     let cp = plane.cp();
     if !cp.has_constrained_impersonation() {
         // Proven by without_constrained_impersonation_the_proxy_stops_with_a_clear_error.
-        eprintln!(
-            "skipping: kube-apiserver {} has no constrained impersonation: a node-bound token cannot act as its node",
+        kube_testenv::skip::not_applicable(format!(
+            "kube-apiserver {} has no constrained impersonation: a node-bound token cannot act as its node",
             cp.version()
-        );
+        ));
         return;
     }
     const NODE: &str = "lp-binary-node";
@@ -346,10 +346,10 @@ async fn the_shipped_identity_is_the_node_and_nothing_more() {
     let cp = plane.cp();
     if !cp.has_constrained_impersonation() {
         // Proven by without_constrained_impersonation_the_proxy_stops_with_a_clear_error.
-        eprintln!(
-            "skipping: kube-apiserver {} has no constrained impersonation: a node-bound token cannot act as its node",
+        kube_testenv::skip::not_applicable(format!(
+            "kube-apiserver {} has no constrained impersonation: a node-bound token cannot act as its node",
             cp.version()
-        );
+        ));
         return;
     }
     let admin = Client::new(

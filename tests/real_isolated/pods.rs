@@ -272,7 +272,7 @@ async fn in_cluster_clients_in_a_pod_reach_their_node_proxy_as_kubelet_points_th
     let pod = match PodNetwork::create() {
         Ok(pod) => pod,
         Err(why) => {
-            eprintln!("skipping: no pod network ({why})");
+            kube_testenv::skip::skip(format!("no pod network: {why}"));
             return;
         }
     };
@@ -281,7 +281,7 @@ async fn in_cluster_clients_in_a_pod_reach_their_node_proxy_as_kubelet_points_th
     };
     let cp = plane.cp();
     if !cp.assets().has_kubemark() {
-        eprintln!("skipping: no kubemark in {}", cp.assets().dir.display());
+        kube_testenv::skip::skip(format!("no kubemark in {}", cp.assets().dir.display()));
         return;
     }
     let admin = Client::new(
@@ -464,7 +464,7 @@ async fn in_cluster_clients_in_a_pod_reach_their_node_proxy_as_kubelet_points_th
 
     // The Python client's load_incluster_config(), in the pod.
     match python() {
-        None => eprintln!("skipping the Python client: no Python venv (above)"),
+        None => kube_testenv::skip::skip("the Python client: no Python venv (above)"),
         Some(python) => {
             let run = python_run(pod.command(
                 &volume,
@@ -548,7 +548,7 @@ async fn in_cluster_clients_in_a_pod_reach_their_node_proxy_as_kubelet_points_th
         assert_eq!(line.as_deref(), Some("service/client-go"));
         let _ = child.kill().await;
     } else {
-        eprintln!("skipping the client-go client: kubectl is not installed");
+        kube_testenv::skip::skip("the client-go client: kubectl is not installed");
     }
 
     // Each client's list and watch went through the node proxy as the

@@ -24,7 +24,7 @@ async fn short_robustness_run_finds_no_anomaly() {
     let _alone = crate::support::real::Isolated::alone().await;
     match kube_testenv::Assets::locate() {
         Err(e @ kube_testenv::AssetsError::Absent { .. }) => {
-            eprintln!("skipping: {e}");
+            kube_testenv::skip::skip(format!("no real control plane: {e}"));
             return;
         }
         r => {

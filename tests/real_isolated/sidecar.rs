@@ -109,9 +109,9 @@ fn pod(name: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unmodified_in_cluster_client_is_served_by_the_sidecar_from_its_cache() {
     if !mount_namespaces() {
-        eprintln!(
-            "skipping: the sidecar test gives each process its own /var/run/secrets in a \
-             mount namespace (unshare -m), which needs root and util-linux"
+        kube_testenv::skip::skip(
+            "the sidecar test gives each process its own /var/run/secrets in a \
+             mount namespace (unshare -m), which needs root and util-linux",
         );
         return;
     }

@@ -27,7 +27,7 @@ async fn reads_from_cache(env: &Env) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_through_the_proxy() {
     if !kubectl_available() {
-        eprintln!("kubectl is not installed; skipping");
+        kube_testenv::skip::skip("kubectl is not installed");
         return;
     }
     let env = Env::start_with(SimConfig::default(), |c| {

@@ -17,7 +17,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_works_against_the_sim() {
     if !kubectl_available() {
-        eprintln!("kubectl not installed; skipping");
+        kube_testenv::skip::skip("kubectl is not installed");
         return;
     }
     let sim = Sim::start(SimConfig::default()).await.unwrap();

@@ -77,6 +77,12 @@ impl Binary {
         let (port, admin_port, metrics_port) = (free(), free(), free());
         let bin = crate::proxy_binary();
         let mut args: Vec<std::ffi::OsString> = Vec::new();
+        if no_capabilities && !can_drop_capabilities() {
+            kube_testenv::skip::skip(
+                "running the proxy as root without capabilities needs root and setpriv: it \
+                 runs as it is",
+            );
+        }
         let program = if no_capabilities && can_drop_capabilities() {
             args.extend(
                 [

@@ -35,7 +35,7 @@ pub fn python() -> Option<PathBuf> {
     ) {
         Ok((true, _)) => {}
         other => {
-            eprintln!("skipping the Python client: no python3 venv: {other:?}");
+            kube_testenv::skip::skip(format!("the Python client: no python3 venv: {other:?}"));
             return None;
         }
     }
@@ -53,7 +53,7 @@ pub fn python() -> Option<PathBuf> {
     ) {
         Ok((true, _)) => {}
         other => {
-            eprintln!("skipping the Python client: pip install failed: {other:?}");
+            kube_testenv::skip::skip(format!("the Python client: pip install failed: {other:?}"));
             return None;
         }
     }

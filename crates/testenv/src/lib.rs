@@ -26,6 +26,7 @@ mod etcd;
 mod instance;
 pub mod manifest;
 pub mod process;
+pub mod skip;
 pub mod tls;
 
 use std::fs;
@@ -137,23 +138,43 @@ pub struct ControlPlane {
     members: Vec<Member>,
 }
 
-static SHARED: tokio::sync::OnceCell<Option<ControlPlane>> = tokio::sync::OnceCell::const_new();
+static SHARED: tokio::sync::OnceCell<Result<ControlPlane, String>> =
+    tokio::sync::OnceCell::const_new();
 
 // === impl ControlPlane ===
 
 impl ControlPlane {
     /// The control plane of this test binary, started by the first caller
-    /// and shared by every test; `None` (after printing why, once) where
-    /// no binaries are available.
+    /// and shared by every test; `None` where no binaries are available:
+    /// each caller is then a skip ([`skip::skip`]).
     ///
     /// # Panics
     /// When the binaries are present but the control plane fails to start:
-    /// that is a failure, not a skip.
+    /// that is a failure, not a skip; and when absent under
+    /// [`skip::REQUIRE_ALL`].
     pub async fn shared() -> Option<&'static ControlPlane> {
-        SHARED
-            .get_or_init(|| ControlPlane::start_or_skip(Options::default()))
-            .await
-            .as_ref()
+        let cp = SHARED
+            .get_or_init(|| async {
+                match ControlPlane::start(Options::default()).await {
+                    Ok(cp) => Ok(cp),
+                    Err(Error::Assets(e @ AssetsError::Absent { .. })) => Err(e.to_string()),
+                    Err(e) => Err(format!("starting the control plane: {e}")),
+                }
+            })
+            .await;
+        match cp {
+            Ok(cp) => Some(cp),
+            Err(e) if e.starts_with("starting") => {
+                #[allow(clippy::panic)]
+                {
+                    panic!("kube-testenv: {e}")
+                }
+            }
+            Err(e) => {
+                skip::skip(format!("no real control plane: {e}"));
+                None
+            }
+        }
     }
 
     /// Starts a control plane with `options`, or returns `None` (after
@@ -167,7 +188,7 @@ impl ControlPlane {
         match ControlPlane::start(options).await {
             Ok(cp) => Some(cp),
             Err(Error::Assets(e @ AssetsError::Absent { .. })) => {
-                eprintln!("kube-testenv: skipping the real control-plane tests: {e}");
+                skip::skip(format!("no real control plane: {e}"));
                 None
             }
             Err(e) => panic!("kube-testenv: starting the control plane: {e}"),

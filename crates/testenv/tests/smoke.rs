@@ -69,7 +69,7 @@ async fn a_highly_available_control_plane() {
     {
         Ok(cp) => cp,
         Err(kube_testenv::Error::Assets(e @ kube_testenv::AssetsError::Absent { .. })) => {
-            eprintln!("skipping: {e}");
+            kube_testenv::skip::skip(format!("no real control plane: {e}"));
             return;
         }
         Err(e) => panic!("{e}"),
