@@ -294,6 +294,13 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
     let upstream_failures = metric_sum(&m, "kube_cache_proxy_requests_total", &[("code", "503")]);
     assert!(upstream_failures >= 1.0);
 
+    // The kubelet's lists through the proxy so far (it is the proxy's only
+    // client): any more after the apiserver's return would be a relist.
+    let kubelet_lists = |m: &str| {
+        metric_sum(m, "kube_cache_proxy_requests_total", &[("verb", "LIST")])
+    };
+    let lists_before = kubelet_lists(&metrics().await.unwrap());
+
     // The apiserver returns: everything converges.
     let back = Instant::now();
     cp.start_apiserver().await.unwrap();
@@ -329,6 +336,11 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
         relists <= c.cache.resources.len() as f64,
         "the proxy listed {relists} times for {} resources",
         c.cache.resources.len()
+    );
+    let kubelet_relists = kubelet_lists(&m) - lists_before;
+    assert_eq!(
+        kubelet_relists, 0.0,
+        "the kubelet listed again after the apiserver's return"
     );
     let _ = (kubelet, &mut proxy);
     println!(

@@ -36,16 +36,22 @@ async fn short_robustness_run_finds_no_anomaly() {
     let text = report.text();
     println!("{text}");
     assert!(report.clean(), "{text}");
+    // Every kind at least once: a kind this machine cannot inject (an
+    // etcd of one member, no other minor version at hand, no root to
+    // mount the small snapshot directory) is a test that cannot run here
+    // (kube_testenv::skip): it fails under KUBE_CACHE_PROXY_REQUIRE_ALL.
     for kind in FaultKind::ALL {
-        let skipped = report
+        if report.faults.by_kind.get(&kind).copied().unwrap_or(0) > 0 {
+            continue;
+        }
+        let why: Vec<&String> = report
             .faults
             .skipped
             .keys()
-            .any(|k| k.starts_with(kind.as_str()));
-        assert!(
-            report.faults.by_kind.get(&kind).copied().unwrap_or(0) > 0 || skipped,
-            "{kind} was never injected\n{text}"
-        );
+            .filter(|k| k.starts_with(kind.as_str()))
+            .collect();
+        assert!(!why.is_empty(), "{kind} was never injected\n{text}");
+        kube_testenv::skip::skip(format!("the fault {kind}: {why:?}"));
     }
     assert!(report.events > 1000, "{text}");
     let _ = std::fs::remove_dir_all(&report.dir);

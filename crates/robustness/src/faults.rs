@@ -332,7 +332,17 @@ pub async fn inject(
             format!("{mode:?} upstream of {} for {d:.1?}", p.name)
         }
         FaultKind::ProxyKill | FaultKind::SnapshotCorrupt | FaultKind::SnapshotTruncate => {
-            let i = rng.usize(..topo.nodes.len());
+            // A snapshot to damage: a node proxy that has written one.
+            let with_snapshots: Vec<usize> = (0..topo.nodes.len())
+                .filter(|i| kind == FaultKind::ProxyKill || has_snapshot(&topo.nodes[*i].snapshots))
+                .collect();
+            let Some(&i) = with_snapshots.get(rng.usize(..with_snapshots.len().max(1))) else {
+                return Ok(skip(
+                    injected,
+                    kind,
+                    "no node proxy has written a snapshot yet",
+                ));
+            };
             let bin = topo.proxy_bin.clone();
             let p = &mut topo.nodes[i];
             if let Some(proc) = p.process.take() {
@@ -350,11 +360,16 @@ pub async fn inject(
                         }
                     )),
                     None => {
-                        *injected
-                            .skipped
-                            .entry(format!("{kind}: no snapshot yet"))
-                            .or_default() += 1;
-                        what.push_str(" (no snapshot to damage)");
+                        // Not the fault it was to be: only a kill.
+                        tokio::time::sleep(secs(rng, 0.0, 2.0)).await;
+                        start_process(&bin, p)?;
+                        let ready = wait_ready(p, Duration::from_secs(120)).await?;
+                        injected.restarts_ready.push(ready.as_secs_f64());
+                        *injected.by_kind.entry(FaultKind::ProxyKill).or_default() += 1;
+                        let _ = skip(injected, kind, "its snapshot vanished");
+                        return Ok(format!(
+                            "{what} (no snapshot to damage: a proxy-kill); ready again in {ready:.1?}"
+                        ));
                     }
                 }
             }
@@ -496,6 +511,14 @@ fn count_lines(log: &std::path::Path, needle: &str) -> usize {
 }
 
 /// Truncates or corrupts one snapshot file in `dir`; returns its name.
+/// Whether `dir` holds a snapshot file (`*.snapshot`) to damage.
+fn has_snapshot(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "snapshot"))
+    })
+}
+
 fn damage_snapshot(
     dir: &std::path::Path,
     truncate: bool,
@@ -505,6 +528,7 @@ fn damage_snapshot(
         .ok()?
         .flatten()
         .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "snapshot"))
         .filter(|p| p.is_file() && p.metadata().is_ok_and(|m| m.len() > 16))
         .collect();
     files.sort();
