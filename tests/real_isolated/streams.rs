@@ -163,6 +163,15 @@ async fn progress_watches_roll_while_streaming_lists_wait() {
     let elapsed = started.elapsed();
     let rolled = progress().await - progress_before;
     println!("{reads} streaming lists in {elapsed:?}, waits {waits:?}, {rolled} progress watches");
+    // Each waits for the next bookmark tick of the apiserver's (about a
+    // second; measured 0.60-0.70 s) once progress watches roll; the first
+    // starts the roll, and waits for a progress watch of its own (1.45 s).
+    let tick = Duration::from_millis(1300);
+    assert!(waits[0] < 2 * tick, "the first wait: {waits:?}");
+    assert!(
+        waits[1..].iter().all(|w| *w < tick),
+        "a wait past one bookmark tick: {waits:?}"
+    );
     assert_eq!(
         served().await - served_before,
         reads as f64,
