@@ -3,9 +3,9 @@
 //! selectable fields as a full JSON decoder sees them.
 #![no_main]
 
+use apimachinery::resource::FieldSet;
 use bytes::BytesMut;
 use kube_cache_proxy::cache::object::CachedObject;
-use apimachinery::resource::FieldSet;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

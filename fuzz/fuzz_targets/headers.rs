@@ -38,7 +38,10 @@ fuzz_target!(|data: &[u8]| {
         headers.append(n, value);
     }
     let _ = bearer_token(&headers);
-    for filter in [impersonation::Filter::Constrained, impersonation::Filter::Legacy] {
+    for filter in [
+        impersonation::Filter::Constrained,
+        impersonation::Filter::Legacy,
+    ] {
         let _ = impersonation::requested(&headers, filter);
     }
 });

@@ -1,8 +1,8 @@
 //! Request paths and queries: never panic.
 #![no_main]
 
-use http::Method;
 use apimachinery::request::RequestInfo;
+use http::Method;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -14,9 +14,9 @@
 //!   escapes splits as `form_urlencoded` splits it.
 #![no_main]
 
-use http::Method;
 use apimachinery::request::RequestInfo;
 use apimachinery::url::{decode_path, query_pairs};
+use http::Method;
 use libfuzzer_sys::fuzz_target;
 
 /// (path as sent, verb, namespace, resource, name, subresource, routable),
@@ -24,27 +24,85 @@ use libfuzzer_sys::fuzz_target;
 /// answers `400 Bad Request` itself.
 type Recorded = (
     &'static str,
-    Option<(&'static str, &'static str, &'static str, &'static str, &'static str, bool)>,
+    Option<(
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        bool,
+    )>,
 );
 
 const RECORDED: &[Recorded] = &[
-    ("/api/v1/namespaces/anchor-load/pods/load%2D0001", Some(("get", "anchor-load", "pods", "load-0001", "", true))),
-    ("/api/v1/namespaces/%61nchor-load/pods", Some(("list", "anchor-load", "pods", "", "", true))),
-    ("/api/v1/nodes/node%2d1", Some(("get", "", "nodes", "node-1", "", true))),
-    ("/%61pi/v1/namespaces%2Fanchor-load%2Fpods", Some(("list", "anchor-load", "pods", "", "", true))),
-    ("/api/v1/namespaces/ns/pods/load-0001%2Fstatus", Some(("get", "ns", "pods", "load-0001", "status", true))),
-    ("/api/v1/namespaces/ns/pods/a%2Fb", Some(("get", "ns", "pods", "a", "b", true))),
-    ("/api/v1/namespaces/ns/pods/a%25b", Some(("get", "ns", "pods", "a%b", "", true))),
-    ("/api/v1/namespaces/ns/pods/%2E", Some(("get", "ns", "pods", ".", "", true))),
-    ("/api/v1/namespaces/%2E%2E", Some(("get", "..", "namespaces", "..", "", true))),
-    ("/api/v1/namespaces/ns/pods/", Some(("list", "ns", "pods", "", "", true))),
-    ("/api/v1/namespaces/ns/pods/load-0001/", Some(("get", "ns", "pods", "load-0001", "", true))),
-    ("/api/v1/namespaces/ns/pods/load+0001", Some(("get", "ns", "pods", "load+0001", "", true))),
-    ("//api/v1/namespaces/ns/pods", Some(("list", "ns", "pods", "", "", false))),
-    ("/api/v1/namespaces/ns//pods", Some(("get", "ns", "", "pods", "", false))),
-    ("/api/v1//namespaces/ns/pods", Some(("get", "", "", "namespaces", "ns", false))),
-    ("/api/v1/namespaces//pods", Some(("list", "", "pods", "", "", false))),
-    ("/api/v1/namespaces/ns/pods/%FF", Some(("get", "ns", "pods", "\u{fffd}", "", false))),
+    (
+        "/api/v1/namespaces/anchor-load/pods/load%2D0001",
+        Some(("get", "anchor-load", "pods", "load-0001", "", true)),
+    ),
+    (
+        "/api/v1/namespaces/%61nchor-load/pods",
+        Some(("list", "anchor-load", "pods", "", "", true)),
+    ),
+    (
+        "/api/v1/nodes/node%2d1",
+        Some(("get", "", "nodes", "node-1", "", true)),
+    ),
+    (
+        "/%61pi/v1/namespaces%2Fanchor-load%2Fpods",
+        Some(("list", "anchor-load", "pods", "", "", true)),
+    ),
+    (
+        "/api/v1/namespaces/ns/pods/load-0001%2Fstatus",
+        Some(("get", "ns", "pods", "load-0001", "status", true)),
+    ),
+    (
+        "/api/v1/namespaces/ns/pods/a%2Fb",
+        Some(("get", "ns", "pods", "a", "b", true)),
+    ),
+    (
+        "/api/v1/namespaces/ns/pods/a%25b",
+        Some(("get", "ns", "pods", "a%b", "", true)),
+    ),
+    (
+        "/api/v1/namespaces/ns/pods/%2E",
+        Some(("get", "ns", "pods", ".", "", true)),
+    ),
+    (
+        "/api/v1/namespaces/%2E%2E",
+        Some(("get", "..", "namespaces", "..", "", true)),
+    ),
+    (
+        "/api/v1/namespaces/ns/pods/",
+        Some(("list", "ns", "pods", "", "", true)),
+    ),
+    (
+        "/api/v1/namespaces/ns/pods/load-0001/",
+        Some(("get", "ns", "pods", "load-0001", "", true)),
+    ),
+    (
+        "/api/v1/namespaces/ns/pods/load+0001",
+        Some(("get", "ns", "pods", "load+0001", "", true)),
+    ),
+    (
+        "//api/v1/namespaces/ns/pods",
+        Some(("list", "ns", "pods", "", "", false)),
+    ),
+    (
+        "/api/v1/namespaces/ns//pods",
+        Some(("get", "ns", "", "pods", "", false)),
+    ),
+    (
+        "/api/v1//namespaces/ns/pods",
+        Some(("get", "", "", "namespaces", "ns", false)),
+    ),
+    (
+        "/api/v1/namespaces//pods",
+        Some(("list", "", "pods", "", "", false)),
+    ),
+    (
+        "/api/v1/namespaces/ns/pods/%FF",
+        Some(("get", "ns", "pods", "\u{fffd}", "", false)),
+    ),
     ("/api/v1/namespaces/ns/pods/load%zz", None),
     ("/api/v1/namespaces/ns/pods/load%2", None),
 ];
@@ -63,7 +121,11 @@ fn check_recorded() {
                     i.subresource.as_str(),
                     i.routable,
                 );
-                assert_eq!(got, (*verb, *ns, *resource, *name, *sub, *routable), "{path}");
+                assert_eq!(
+                    got,
+                    (*verb, *ns, *resource, *name, *sub, *routable),
+                    "{path}"
+                );
             }
         }
     }
@@ -127,9 +189,7 @@ fuzz_target!(|data: &[u8]| {
 
     // Queries: as `form_urlencoded` where Go drops nothing.
     let pairs = query_pairs(query);
-    let droppable = query
-        .split('&')
-        .any(|p| p.contains(';') || !well_formed(p));
+    let droppable = query.split('&').any(|p| p.contains(';') || !well_formed(p));
     if !droppable {
         let reference: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
             .map(|(k, v)| (k.into_owned(), v.into_owned()))

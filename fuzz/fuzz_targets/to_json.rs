@@ -26,7 +26,8 @@ fuzz_target!(|data: &[u8]| {
     for (group, version, kind) in KINDS {
         let message = apimachinery::protobuf::message_for(group, version, kind).expect("known");
         let mut json = Vec::new();
-        if apimachinery::protobuf::to_json(data, message, Some((kind, version)), &mut json).is_err() {
+        if apimachinery::protobuf::to_json(data, message, Some((kind, version)), &mut json).is_err()
+        {
             continue;
         }
         serde_json::from_slice::<serde::de::IgnoredAny>(&json).expect("well-formed JSON");

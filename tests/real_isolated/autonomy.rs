@@ -296,9 +296,8 @@ async fn a_node_rebooted_during_an_outage_runs_its_pods_from_the_proxy() {
 
     // The kubelet's lists through the proxy so far (it is the proxy's only
     // client): any more after the apiserver's return would be a relist.
-    let kubelet_lists = |m: &str| {
-        metric_sum(m, "kube_cache_proxy_requests_total", &[("verb", "LIST")])
-    };
+    let kubelet_lists =
+        |m: &str| metric_sum(m, "kube_cache_proxy_requests_total", &[("verb", "LIST")]);
     let lists_before = kubelet_lists(&metrics().await.unwrap());
 
     // The apiserver returns: everything converges.

@@ -603,7 +603,10 @@ async fn a_deployment_runs_on_a_hollow_node_with_the_scheduler_and_controllers()
     // SIG Scalability's pod startup SLO: 5 s at the 99th percentile (of a
     // few pods here: the slowest).
     let p99 = startup[((startup.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)];
-    assert!(p99 <= 5, "pod startup p99 {p99} s over the 5 s SLO: {startup:?}");
+    assert!(
+        p99 <= 5,
+        "pod startup p99 {p99} s over the 5 s SLO: {startup:?}"
+    );
     // The EndpointSlice controller follows the pods behind the Service.
     eventually(Duration::from_secs(60), "the Service's endpoints", || {
         let admin = admin.clone();
