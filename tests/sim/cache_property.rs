@@ -317,9 +317,9 @@ async fn run_case(ops: Vec<Op>, watchers: Vec<(usize, Start)>) {
 }
 
 proptest! {
-    // 64 cases, about 30 s: each a proxy and sim of its own, 5-40
-    // operations against 8-16 watchers (8 cases found little a bug in
-    // dispatch would not hide from).
+    // 64 cases, about 30 s: each a proxy and a sim of its own, 5-40
+    // operations against 8-16 watchers; a dispatch bug shows in few
+    // interleavings, which 8 cases rarely reached.
     #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
     fn every_watcher_sees_exactly_its_share(ops in prop::collection::vec(op(), 5..40), watchers in prop::collection::vec(watcher(), 8..16)) {
