@@ -38,6 +38,7 @@ use super::object::CachedObject;
 use super::persist::Snapshots;
 use super::probe::{PROBE_TIMEOUT, ProbeError};
 use super::resource::{ResourceCache, ResourceInfo, Resumed};
+use super::store::Listed;
 use super::upstream_protobuf::{self, Undecodable};
 use apimachinery::selector::{FieldRequirement, FieldSelector};
 
@@ -606,12 +607,14 @@ impl Reflector {
         }
     }
 
-    /// One page of the list: its resourceVersion, continue token and
-    /// items, read in protobuf when the cache reads upstream so.
+    /// One page of the list, its items added to `listed`: its
+    /// resourceVersion and continue token, read in protobuf when the cache
+    /// reads upstream so.
     async fn list_page(
         &self,
         extra: &str,
-    ) -> Result<(String, Option<String>, Vec<CachedObject>), ReflectorError> {
+        listed: &mut Listed,
+    ) -> Result<(String, Option<String>), ReflectorError> {
         let info = self.cache.info();
         let codec = info
             .codec
@@ -626,16 +629,15 @@ impl Reflector {
         .await?;
         let protobuf = upstream_protobuf::is_protobuf(resp.headers());
         let bytes = read_body(resp).await?;
-        let mut items = Vec::new();
         if let (Some(codec), true) = (codec, protobuf) {
             let page = upstream_protobuf::list_page(&bytes, codec)?;
             for item in page.items {
                 match CachedObject::from_json(&item, info.field_set, info.namespaced) {
-                    Ok(o) => items.push(o),
+                    Ok(o) => listed.push(o),
                     Err(error) => tracing::warn!(%error, "skipping malformed list item"),
                 }
             }
-            return Ok((page.resource_version, page.continue_token, items));
+            return Ok((page.resource_version, page.continue_token));
         }
         let page: ListBody<'_> =
             serde_json::from_slice(&bytes).map_err(|e| ReflectorError::Malformed(e.to_string()))?;
@@ -647,20 +649,25 @@ impl Reflector {
                 info.field_set,
                 info.namespaced,
             ) {
-                Ok(o) => items.push(o),
+                Ok(o) => listed.push(o),
                 Err(error) => tracing::warn!(%error, "skipping malformed list item"),
             }
         }
         Ok((
             page.metadata.resource_version.into_owned(),
             page.metadata.continue_token.map(Cow::into_owned),
-            items,
         ))
     }
 
     async fn list_once(&self) -> Result<(), ReflectorError> {
         let info = self.cache.info().clone();
-        let mut items = Vec::new();
+        // The first list fills the store: packed as it is read
+        // (`store::pack`). A relist's objects mostly replace nothing.
+        let mut listed = if self.cache.is_synced() {
+            Listed::unpacked()
+        } else {
+            Listed::packed()
+        };
         let mut continue_token: Option<String> = None;
         let mut list_rv = 0;
         loop {
@@ -669,13 +676,12 @@ impl Reflector {
                 extra.push_str("&continue=");
                 extra.push_str(&percent_encoding::utf8_percent_encode(c, QUERY).to_string());
             }
-            let (rv, next, page) = self.list_page(&extra).await?;
+            let (rv, next) = self.list_page(&extra, &mut listed).await?;
             if continue_token.is_none() {
                 list_rv = rv
                     .parse()
                     .map_err(|_| ReflectorError::Malformed("list has no resourceVersion".into()))?;
             }
-            items.extend(page);
             continue_token = next.filter(|c| !c.is_empty());
             if continue_token.is_none() {
                 break;
@@ -688,8 +694,8 @@ impl Reflector {
         } else {
             "json"
         };
-        tracing::info!(resource = %info.gvr.resource, objects = items.len(), rv = list_rv, encoding, "listed from upstream");
-        self.cache.replace(items, list_rv);
+        tracing::info!(resource = %info.gvr.resource, objects = listed.len(), rv = list_rv, encoding, "listed from upstream");
+        self.cache.replace(listed, list_rv);
         // A consistent list is upstream's current state.
         self.cache.set_resumed(Resumed::Current);
         Ok(())
