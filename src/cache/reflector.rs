@@ -24,7 +24,7 @@ use bytes::BytesMut;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http::{Method, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
@@ -630,13 +630,15 @@ impl Reflector {
         let protobuf = upstream_protobuf::is_protobuf(resp.headers());
         let bytes = read_body(resp).await?;
         if let (Some(codec), true) = (codec, protobuf) {
-            let page = upstream_protobuf::list_page(&bytes, codec)?;
-            for item in page.items {
-                match CachedObject::from_json(&item, info.field_set, info.namespaced) {
+            let page =
+                upstream_protobuf::list_page(&bytes, codec, |item| match CachedObject::from_json(
+                    item,
+                    info.field_set,
+                    info.namespaced,
+                ) {
                     Ok(o) => listed.push(o),
                     Err(error) => tracing::warn!(%error, "skipping malformed list item"),
-                }
-            }
+                })?;
             return Ok((page.resource_version, page.continue_token));
         }
         let page: ListBody<'_> =
@@ -916,14 +918,30 @@ pub(super) async fn get_accepting(
     Err(ReflectorError::Status { status, message })
 }
 
+/// The whole body of `resp` (at most [`MAX_LIST_PAGE_BYTES`]), in one
+/// buffer. Each frame is copied into it as it comes and freed at once, so
+/// the allocator gives its memory to the next frame: collecting every
+/// frame first held a list page twice, its frames in thousands of 8 KiB
+/// read buffers, which an idle proxy kept as dirty pages after its first
+/// list (4 MiB of a 10,000-pod list; docs/performance.md (c)).
 pub(super) async fn read_body(
     resp: http::Response<UpstreamBody>,
 ) -> Result<bytes::Bytes, ReflectorError> {
-    Limited::new(resp.into_body(), MAX_LIST_PAGE_BYTES)
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(|e| ReflectorError::Upstream(e.to_string()))
+    let mut body = resp.into_body();
+    let hint =
+        usize::try_from(http_body::Body::size_hint(&body).lower()).unwrap_or(MAX_LIST_PAGE_BYTES);
+    let mut out = BytesMut::with_capacity(hint.min(MAX_LIST_PAGE_BYTES));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ReflectorError::Upstream(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if out.len() + data.len() > MAX_LIST_PAGE_BYTES {
+            return Err(ReflectorError::Upstream("length limit exceeded".into()));
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out.freeze())
 }
 
 /// Whether upstream still serves reads at exactly `rv`: a `limit=1` list
