@@ -25,8 +25,8 @@
 //! once it is complete: every object of a 10,000-pod list in an allocation
 //! of its own until the store took them, then all freed at once, left the
 //! allocator with as many dirty pages as the list's JSON, which an idle
-//! proxy never gave back (docs/performance.md (c), "A list packed as it is
-//! read").
+//! proxy never gave back (docs/performance.md (c), "A first list packed
+//! as it is read").
 //!
 //! [jemalloc(3)]: https://jemalloc.net/jemalloc.3.html
 
