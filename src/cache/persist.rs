@@ -738,7 +738,7 @@ mod tests {
     async fn only_a_clean_stop_with_every_snapshot_current_marks_them_clean() {
         let d = dir();
         let cache = Arc::new(test_cache());
-        let items = objects(3)
+        let items: Vec<_> = objects(3)
             .values()
             .map(|o| {
                 CachedObject::from_json(o.json(), apimachinery::resource::FieldSet::Default, true)

@@ -138,6 +138,12 @@ impl Listed {
         self.items.is_empty()
     }
 
+    /// The objects so far (for tests).
+    #[cfg(test)]
+    pub fn items(&self) -> &[CachedObject] {
+        &self.items
+    }
+
     /// The objects, and their chunks when packed.
     pub fn into_parts(self) -> (Vec<CachedObject>, Option<Packs>) {
         (self.items, self.packs)

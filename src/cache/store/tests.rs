@@ -568,19 +568,14 @@ fn a_list_packed_as_it_is_read_fills_the_store_without_a_copy() {
     for i in 0..n {
         listed.push(big_pod(&format!("p{i:05}"), i as u64 + 1, 4000));
     }
-    let (items, packs) = listed.into_parts();
     // Each object's JSON went into a chunk as it was pushed.
+    let items = listed.items();
     assert!(items.iter().all(|o| o.pack_id() != 0));
     assert!(adjacent(&items[0], &items[1]));
     let at: Vec<_> = items.iter().map(|o| o.json().as_ptr()).collect();
     let chunks = n.div_ceil(CHUNK / items[0].json().len());
-    assert_eq!(packs.as_ref().map(|p| p.chunks()), Some(chunks));
 
     let mut s = State::new(settings(100, 10));
-    let mut listed = Listed::packed();
-    for o in items {
-        listed.push(o);
-    }
     s.replace(listed, n as u64 + 1, Instant::now());
     // The store took the chunks: the same bytes where they were.
     let objects: Vec<_> = s.objects().values().cloned().collect();
