@@ -53,7 +53,7 @@ fn pod(i: usize, node: usize, rv: u64) -> CachedObject {
 /// A synced state holding `pods` pods (pod `i` on node `i`) at RV `pods`.
 fn state(pods: usize) -> State {
     let mut s = State::new(settings());
-    let items = (0..pods).map(|i| pod(i, i, i as u64 + 1)).collect();
+    let items: Vec<_> = (0..pods).map(|i| pod(i, i, i as u64 + 1)).collect();
     s.replace(items, pods as u64, Instant::now());
     s
 }

@@ -24,10 +24,12 @@ const EXIT_USAGE: u8 = 64;
 
 /// jemalloc, not glibc's malloc: the watch cache's resident memory is
 /// 1.41-1.43x its objects' JSON in every run, where glibc's arenas keep
-/// 1.36-1.80x from one run to the next; and the large buffers of a list
-/// are returned to the kernel once freed
-/// (`oversize_threshold`, set in .cargo/config.toml). Measured in
-/// docs/performance.md (i), "The allocator, jemalloc".
+/// 1.36-1.80x from one run to the next; the large buffers of a list
+/// are returned to the kernel once freed (`oversize_threshold`), and the
+/// rest of what a burst freed within about a second, by a background
+/// thread, even in an idle proxy (`background_thread`, `dirty_decay_ms`;
+/// all set in .cargo/config.toml). Measured in docs/performance.md (i),
+/// "The allocator, jemalloc", and (c), "A first list packed as it is read".
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

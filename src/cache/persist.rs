@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::object::CachedObject;
 use super::resource::{ResourceCache, ResourceInfo};
-use super::store::Objects;
+use super::store::{Listed, Objects};
 
 /// The file's first bytes.
 const MAGIC: &[u8; 8] = b"KCPSNAP\n";
@@ -240,16 +240,14 @@ impl Snapshots {
         }
     }
 
-    /// Reads `info`'s snapshot: its resourceVersion and objects, `None`
-    /// when there is none.
+    /// Reads `info`'s snapshot: its resourceVersion and objects (packed as
+    /// they are read: a snapshot is read to fill a store), `None` when
+    /// there is none.
     ///
     /// # Errors
     /// [`SnapshotError`] when it cannot be read or must not be used; the
     /// caller discards it.
-    pub fn load(
-        &self,
-        info: &ResourceInfo,
-    ) -> Result<Option<(u64, Vec<CachedObject>)>, SnapshotError> {
+    pub fn load(&self, info: &ResourceInfo) -> Result<Option<(u64, Listed)>, SnapshotError> {
         let path = self.path(info);
         let file = match File::open(&path) {
             Ok(f) => f,
@@ -272,11 +270,7 @@ impl Snapshots {
         Ok(Some((rv, objects)))
     }
 
-    fn decode(
-        &self,
-        info: &ResourceInfo,
-        data: &[u8],
-    ) -> Result<(u64, Vec<CachedObject>), SnapshotError> {
+    fn decode(&self, info: &ResourceInfo, data: &[u8]) -> Result<(u64, Listed), SnapshotError> {
         if data.len() < MAGIC.len() + 8 + 32 || !data.starts_with(MAGIC) {
             return Err(invalid("not a snapshot, or truncated".into()));
         }
@@ -315,7 +309,7 @@ impl Snapshots {
                 short(&expected.upstream),
             )));
         }
-        let mut objects = Vec::with_capacity(header.objects.min(1 << 20) as usize);
+        let mut objects = Listed::packed();
         for _ in 0..header.objects {
             let len = r.u32()? as usize;
             let json = r.bytes(len)?;
@@ -818,7 +812,7 @@ mod tests {
     async fn only_a_clean_stop_with_every_snapshot_current_marks_them_clean() {
         let d = dir();
         let cache = Arc::new(test_cache());
-        let items = objects(3)
+        let items: Vec<_> = objects(3)
             .values()
             .map(|o| {
                 CachedObject::from_json(o.json(), apimachinery::resource::FieldSet::Default, true)
@@ -988,6 +982,7 @@ mod tests {
             );
         }
         let (rv, loaded) = s.load(info).unwrap().unwrap();
+        let (loaded, _) = loaded.into_parts();
         assert_eq!(rv, 42);
         let names: Vec<_> = loaded.iter().map(|o| o.key().to_string()).collect();
         assert_eq!(names, vec!["ns/cm-0", "ns/cm-1", "ns/cm-2"]);

@@ -24,7 +24,7 @@ use bytes::BytesMut;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http::{Method, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +38,7 @@ use super::object::CachedObject;
 use super::persist::Snapshots;
 use super::probe::{PROBE_TIMEOUT, ProbeError};
 use super::resource::{ResourceCache, ResourceInfo, Resumed};
+use super::store::Listed;
 use super::upstream_protobuf::{self, Undecodable};
 use apimachinery::selector::{FieldRequirement, FieldSelector};
 
@@ -645,12 +646,14 @@ impl Reflector {
         }
     }
 
-    /// One page of the list: its resourceVersion, continue token and
-    /// items, read in protobuf when the cache reads upstream so.
+    /// One page of the list, its items added to `listed`: its
+    /// resourceVersion and continue token, read in protobuf when the cache
+    /// reads upstream so.
     async fn list_page(
         &self,
         extra: &str,
-    ) -> Result<(String, Option<String>, Vec<CachedObject>), ReflectorError> {
+        listed: &mut Listed,
+    ) -> Result<(String, Option<String>), ReflectorError> {
         let info = self.cache.info();
         let codec = info
             .codec
@@ -665,16 +668,17 @@ impl Reflector {
         .await?;
         let protobuf = upstream_protobuf::is_protobuf(resp.headers());
         let bytes = read_body(resp).await?;
-        let mut items = Vec::new();
         if let (Some(codec), true) = (codec, protobuf) {
-            let page = upstream_protobuf::list_page(&bytes, codec)?;
-            for item in page.items {
-                match CachedObject::from_json(&item, info.field_set, info.namespaced) {
-                    Ok(o) => items.push(o),
+            let page =
+                upstream_protobuf::list_page(&bytes, codec, |item| match CachedObject::from_json(
+                    item,
+                    info.field_set,
+                    info.namespaced,
+                ) {
+                    Ok(o) => listed.push(o),
                     Err(error) => tracing::warn!(%error, "skipping malformed list item"),
-                }
-            }
-            return Ok((page.resource_version, page.continue_token, items));
+                })?;
+            return Ok((page.resource_version, page.continue_token));
         }
         let page: ListBody<'_> =
             serde_json::from_slice(&bytes).map_err(|e| ReflectorError::Malformed(e.to_string()))?;
@@ -686,20 +690,25 @@ impl Reflector {
                 info.field_set,
                 info.namespaced,
             ) {
-                Ok(o) => items.push(o),
+                Ok(o) => listed.push(o),
                 Err(error) => tracing::warn!(%error, "skipping malformed list item"),
             }
         }
         Ok((
             page.metadata.resource_version.into_owned(),
             page.metadata.continue_token.map(Cow::into_owned),
-            items,
         ))
     }
 
     async fn list_once(&self) -> Result<(), ReflectorError> {
         let info = self.cache.info().clone();
-        let mut items = Vec::new();
+        // The first list fills the store: packed as it is read
+        // (`store::pack`). A relist's objects mostly replace nothing.
+        let mut listed = if self.cache.is_synced() {
+            Listed::unpacked()
+        } else {
+            Listed::packed()
+        };
         let mut continue_token: Option<String> = None;
         let mut list_rv = 0;
         loop {
@@ -708,13 +717,12 @@ impl Reflector {
                 extra.push_str("&continue=");
                 extra.push_str(&percent_encoding::utf8_percent_encode(c, QUERY).to_string());
             }
-            let (rv, next, page) = self.list_page(&extra).await?;
+            let (rv, next) = self.list_page(&extra, &mut listed).await?;
             if continue_token.is_none() {
                 list_rv = rv
                     .parse()
                     .map_err(|_| ReflectorError::Malformed("list has no resourceVersion".into()))?;
             }
-            items.extend(page);
             continue_token = next.filter(|c| !c.is_empty());
             if continue_token.is_none() {
                 break;
@@ -730,8 +738,8 @@ impl Reflector {
         } else {
             "json"
         };
-        tracing::info!(resource = %info.gvr.resource, objects = items.len(), rv = list_rv, encoding, "listed from upstream");
-        self.cache.replace(items, list_rv);
+        tracing::info!(resource = %info.gvr.resource, objects = listed.len(), rv = list_rv, encoding, "listed from upstream");
+        self.cache.replace(listed, list_rv);
         // A consistent list is upstream's current state.
         self.cache.set_resumed(Resumed::Current);
         Ok(())
@@ -959,14 +967,30 @@ pub(super) async fn get_accepting(
     Err(ReflectorError::Status { status, message })
 }
 
+/// The whole body of `resp` (at most [`MAX_LIST_PAGE_BYTES`]), in one
+/// buffer. Each frame is copied into it as it comes and freed at once, so
+/// the allocator gives its memory to the next frame: collecting every
+/// frame first held a list page twice, its frames in thousands of 8 KiB
+/// read buffers, which an idle proxy kept as dirty pages after its first
+/// list (4 MiB of a 10,000-pod list; docs/performance.md (c)).
 pub(super) async fn read_body(
     resp: http::Response<UpstreamBody>,
 ) -> Result<bytes::Bytes, ReflectorError> {
-    Limited::new(resp.into_body(), MAX_LIST_PAGE_BYTES)
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(|e| ReflectorError::Upstream(e.to_string()))
+    let mut body = resp.into_body();
+    let hint =
+        usize::try_from(http_body::Body::size_hint(&body).lower()).unwrap_or(MAX_LIST_PAGE_BYTES);
+    let mut out = BytesMut::with_capacity(hint.min(MAX_LIST_PAGE_BYTES));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ReflectorError::Upstream(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if out.len() + data.len() > MAX_LIST_PAGE_BYTES {
+            return Err(ReflectorError::Upstream("length limit exceeded".into()));
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out.freeze())
 }
 
 /// Whether upstream still serves reads at exactly `rv`: a `limit=1` list

@@ -25,7 +25,7 @@ use super::metrics::ResourceMetrics;
 use super::negotiate::Representation;
 use super::object::CachedObject;
 use super::probe::ProbeError;
-use super::store::{Objects, Outcome, Settings, State};
+use super::store::{Listed, Objects, Outcome, Settings, State};
 
 /// What the cache knows about its resource.
 #[derive(Debug, Clone)]
@@ -392,7 +392,7 @@ impl ResourceCache {
     // --- writer side (the reflector) ---
 
     /// Fills (first list) or reconciles (relist) the cache.
-    pub fn replace(&self, items: Vec<CachedObject>, list_rv: u64) {
+    pub fn replace(&self, items: impl Into<Listed>, list_rv: u64) {
         let mut reset = false;
         let outcome = {
             let mut s = self.state.lock();

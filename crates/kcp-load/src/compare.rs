@@ -345,7 +345,7 @@ async fn run(
 }
 
 /// Waits until the proxy's pod cache holds at least `n` objects.
-async fn wait_cached(proxy: &RunningProxy, n: usize, timeout: Duration) -> Result<()> {
+pub(crate) async fn wait_cached(proxy: &RunningProxy, n: usize, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok((200, text)) = proxy.admin_get("/metrics").await {

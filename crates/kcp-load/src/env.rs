@@ -15,7 +15,7 @@ use apimachinery::pki::Ca;
 use apimachinery::resource::Gvr;
 use kube_apiserver_sim::{Sim, SimConfig};
 use kube_cache_proxy::Listeners;
-use kube_cache_proxy::component::config::{CachedResource, Config};
+use kube_cache_proxy::component::config::{CachedResource, Config, UpstreamEncoding};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
@@ -73,6 +73,11 @@ pub struct Tuning {
     pub protobuf_cache_percent: Option<u64>,
     /// `cache.progressWatchRollSeconds`.
     pub progress_roll_seconds: Option<u64>,
+    /// `cache.upstreamEncoding: Protobuf` (the binary's default is JSON).
+    pub upstream_protobuf: bool,
+    /// A resource of the defaults left uncached (its reads pass through),
+    /// for the proxy's memory caching none of it.
+    pub uncached: Option<&'static str>,
 }
 
 impl Tuning {
@@ -272,6 +277,12 @@ impl RunningProxy {
                 if let Some(pct) = tuning.protobuf_cache_percent {
                     config.cache.protobuf_cache_percent = pct;
                 }
+                if tuning.upstream_protobuf {
+                    config.cache.upstream_encoding = UpstreamEncoding::Protobuf;
+                }
+                if let Some(r) = tuning.uncached {
+                    config.cache.resources.retain(|c| c.resource != r);
+                }
                 config.validate()?;
                 let listeners = Listeners::bind(&config).await?;
                 let port = listeners.api.local_addr()?.port();
@@ -445,7 +456,10 @@ fn proxy_yaml(
         ("storage.k8s.io", "csinodes"),
         ("networking.k8s.io", "servicecidrs"),
         ("", "configmaps"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(_, r)| tuning.uncached != Some(*r))
+    {
         resources.push_str(&format!(
             "    - {{group: \"{g}\", version: v1, resource: {r}}}\n"
         ));
@@ -465,6 +479,9 @@ fn proxy_yaml(
     }
     if let Some(s) = tuning.progress_roll_seconds {
         buffer.push_str(&format!("  progressWatchRollSeconds: {s}\n"));
+    }
+    if tuning.upstream_protobuf {
+        buffer.push_str("  upstreamEncoding: Protobuf\n");
     }
     format!(
         "shutdownGracePeriodSeconds: 1\ntls:\n  certFile: {}\n  privateKeyFile: {}\n  clientCAFile: {}\nupstream:\n  kubeconfig: {}\ncache:\n  readyWaitMilliseconds: 30000\n{buffer}  resources:\n{resources}",

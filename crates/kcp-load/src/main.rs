@@ -22,6 +22,9 @@
 //!   before and after (`/proc/<pid>/status`), per watcher.
 //! - `ingest`: N objects ingested into a cache `State` in this process; the
 //!   resident memory added, relative to the objects' JSON size.
+//! - `memory`: the proxy's resident memory per cached pod, pods created
+//!   in a real kube-apiserver before it starts, against the same proxy
+//!   caching none, ÷ the pods' JSON.
 //! - `tier`: N simulated nodes' upstream watch sets against a real
 //!   kube-apiserver, directly and through a tier of proxies: the
 //!   apiserver's watches, CPU, memory, events and bytes sent, and the
@@ -49,6 +52,7 @@ mod hollow;
 mod idle;
 mod ingest;
 mod list;
+mod memory;
 mod metrics;
 mod pprof;
 mod real;
@@ -96,6 +100,10 @@ enum Cmd {
     /// The proxy and a real kube-apiserver side by side in one run, quiet
     /// and busy: lists, streaming lists, watch delivery, memory.
     Compare(compare::CompareArgs),
+    /// The proxy's resident memory per cached pod as a new user measures
+    /// it: pods created in a real kube-apiserver, then the proxy started
+    /// and listing them, against the same proxy caching none.
+    Memory(memory::MemoryArgs),
     /// Simulated nodes' watch sets against a real kube-apiserver, directly
     /// and through a tier of proxies: its watches, CPU, memory, events and
     /// bytes sent, and the relist storm after its restart.
@@ -145,6 +153,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Kubelet(a)), _) => hollow::kubelet(&a).await,
             (Some(Cmd::Tier(a)), _) => tier::tier(&a).await.map(|_| ()),
             (Some(Cmd::Compare(a)), _) => compare::compare(&a).await,
+            (Some(Cmd::Memory(a)), _) => memory::memory(&a).await,
             (Some(Cmd::Freshness(a)), _) => freshness::freshness(&a).await,
             (Some(Cmd::Scale(a)), _) => scale::scale(&a).await,
             (None, false) => Err(anyhow!(

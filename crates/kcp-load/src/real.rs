@@ -169,13 +169,28 @@ async fn create_on(
     }
 }
 
+/// Pod `i` as a new user writes one: a single nginx container with a
+/// port and a label, not scheduled (no kubelet, no scheduler). The
+/// apiserver serves it with its defaults, its service account's projected
+/// volume and `managedFields`: about 2.3 KB.
+pub fn minimal_pod(i: usize) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": format!("web-{i}"), "namespace": format!("ns-{}", i % 10), "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "nginx", "image": "nginx:1.27", "ports": [{"containerPort": 80}]}]}
+    })
+}
+
 /// Creates `n` pods (in namespaces ns-0..ns-9, made first, each with its
 /// `default` ServiceAccount: no kube-controller-manager runs to make it,
 /// and the ServiceAccount admission plugin requires it) or configmaps (in
-/// `default`), 32 at a time.
+/// `default`), 32 at a time. `what`: `pods` (`fixtures.rs`'s, scheduled),
+/// `minimal-pods` ([`minimal_pod`]) or `configmaps`.
 pub async fn seed(direct: &Target, n: usize, what: &'static str) -> Result<()> {
     let started = Instant::now();
-    for i in (0..10).filter(|_| what == "pods") {
+    let pods = what.ends_with("pods");
+    for i in (0..10).filter(|_| pods) {
         let ns = format!("ns-{i}");
         create(
             direct,
@@ -202,8 +217,12 @@ pub async fn seed(direct: &Target, n: usize, what: &'static str) -> Result<()> {
                 if i >= n {
                     return Ok::<_, anyhow::Error>(());
                 }
-                let (path, object) = if what == "pods" {
-                    let pod = pod_for_create(i, 100)?;
+                let (path, object) = if pods {
+                    let pod = if what == "minimal-pods" {
+                        minimal_pod(i)
+                    } else {
+                        pod_for_create(i, 100)?
+                    };
                     let ns = pod["metadata"]["namespace"].as_str().unwrap_or("ns-0");
                     (format!("/api/v1/namespaces/{ns}/pods"), pod)
                 } else {

@@ -22,6 +22,7 @@ mod pack;
 mod state;
 mod watchers;
 
+pub use pack::Listed;
 pub use state::{Keys, Objects, Registration, Settings, Start, State, TooOld};
 pub use watchers::{CatchUp, CloseReason, Delivery, Outcome, WatcherLink};
 

@@ -21,6 +21,13 @@
 //! while at least three quarters of its objects are current: about 4/3 of
 //! their bytes at worst, against the size class's up to 5/4.
 //!
+//! A list that fills a store is packed as it is read ([`Listed`]), not
+//! once it is complete: every object of a 10,000-pod list in an allocation
+//! of its own until the store took them, then all freed at once, left the
+//! allocator with as many dirty pages as the list's JSON, which an idle
+//! proxy never gave back (docs/performance.md (c), "A first list packed
+//! as it is read").
+//!
 //! [jemalloc(3)]: https://jemalloc.net/jemalloc.3.html
 
 use std::collections::HashMap;
@@ -71,6 +78,20 @@ impl Members {
     }
 }
 
+/// The objects of an upstream list (or a snapshot) as they are read, for
+/// [`State::replace`](super::State::replace). Packed ([`Listed::packed`]),
+/// each object's JSON goes into a chunk as soon as it is read, and its own
+/// allocation is freed at once and reused by the next object's, so that
+/// the list never holds its objects twice. The store takes the chunks when
+/// the list is its first fill of at least [`MIN_STORE_BYTES`]; otherwise it
+/// copies the objects out.
+#[derive(Debug, Default)]
+pub struct Listed {
+    items: Vec<CachedObject>,
+    /// `Some` when packed.
+    packs: Option<Packs>,
+}
+
 /// A chunk whose current objects should be copied out: its id, and the
 /// keys of the objects placed in it. Those still in the store with this
 /// chunk's id are its current objects.
@@ -79,6 +100,65 @@ pub struct Sparse {
     pub id: u32,
     pub keys: Vec<Arc<str>>,
 }
+
+// === impl Listed ===
+
+impl Listed {
+    /// A list whose objects are packed as they come: the first fill of a
+    /// store.
+    pub fn packed() -> Listed {
+        Listed {
+            items: Vec::new(),
+            packs: Some(Packs::default()),
+        }
+    }
+
+    /// A list whose objects keep their own allocations: a relist, whose
+    /// objects mostly replace nothing (`State::replace`).
+    pub fn unpacked() -> Listed {
+        Listed::default()
+    }
+
+    /// Adds the next object of the list.
+    pub fn push(&mut self, mut object: CachedObject) {
+        if let Some(packs) = &mut self.packs {
+            // Every object of the list is current: no chunk is sparse.
+            let _ = packs.place(&mut object, usize::MAX);
+        }
+        self.items.push(object);
+    }
+
+    /// The objects so far.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The objects so far (for tests).
+    #[cfg(test)]
+    pub fn items(&self) -> &[CachedObject] {
+        &self.items
+    }
+
+    /// The objects, and their chunks when packed.
+    pub fn into_parts(self) -> (Vec<CachedObject>, Option<Packs>) {
+        (self.items, self.packs)
+    }
+}
+
+impl From<Vec<CachedObject>> for Listed {
+    /// Objects read already, unpacked: the store packs a first fill of
+    /// them under its lock, copying each again.
+    fn from(items: Vec<CachedObject>) -> Listed {
+        Listed { items, packs: None }
+    }
+}
+
+// === impl Packs ===
 
 impl Packs {
     /// Moves `object`'s JSON into the open chunk, when the store holds at

@@ -16,7 +16,7 @@ use crate::cache::event::{Event, EventType};
 use crate::cache::filter::Filter;
 use crate::cache::object::CachedObject;
 
-use super::pack::{Packs, Sparse};
+use super::pack::{Listed, MIN_STORE_BYTES, Packs, Sparse};
 use super::watchers::{CatchUp, Delivery, Outcome, WatcherLink, Watchers};
 
 /// The objects of a resource, by storage key, in the apiserver's order.
@@ -450,23 +450,29 @@ impl State {
     /// have gone), so every event has its own RV and a client resuming
     /// mid-way misses nothing. When that is impossible, watchers are closed
     /// and the history reset, as the apiserver's cacher always does.
-    pub fn replace(&mut self, items: Vec<CachedObject>, list_rv: u64, now: Instant) -> Outcome {
+    pub fn replace(&mut self, listed: impl Into<Listed>, list_rv: u64, now: Instant) -> Outcome {
+        let (items, packs) = listed.into().into_parts();
         let mut fresh = Objects::new();
-        // The first fill is the whole store: its objects are packed. A
-        // later list's (after `410 Gone`, a rare event) keep their own
-        // allocations, whether its changes enter the store as events or
-        // it resets the store: packing would copy the list again under
-        // the lock, before it is known which objects stay.
-        let pack = !self.synced;
-        let total: usize = if pack {
-            items.iter().map(|o| o.json().len()).sum()
-        } else {
-            0
-        };
+        // The first fill of 1 MiB or more is the whole store: its objects
+        // are packed, best as the list was read (`Listed::packed`), so
+        // that they are not copied again here under the lock. A smaller
+        // first fill, and a later list's (after `410 Gone`, a rare event),
+        // keep their own allocations, whether its changes enter the store
+        // as events or it resets the store: packing would copy the list
+        // again under the lock, before it is known which objects stay.
+        let total: usize = items.iter().map(|o| o.json().len()).sum();
+        let pack = !self.synced && total >= MIN_STORE_BYTES;
+        if pack && let Some(packs) = packs {
+            // Nothing was packed before the first fill: the list's chunks
+            // are the store's, their ids its own.
+            self.packs = packs;
+        }
         for mut item in items {
-            if pack {
+            if pack && item.pack_id() == 0 {
                 // Every object of the fill is current: no chunk is sparse.
                 let _ = self.packs.place(&mut item, total);
+            } else if !pack && item.pack_id() != 0 {
+                item = item.unpacked();
             }
             let item = Arc::new(item);
             fresh.insert(item.key_arc().clone(), item);

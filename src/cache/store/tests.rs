@@ -561,6 +561,54 @@ fn a_first_fill_is_packed_end_to_end() {
 }
 
 #[test]
+fn a_list_packed_as_it_is_read_fills_the_store_without_a_copy() {
+    use super::pack::{CHUNK, Listed, MIN_STORE_BYTES};
+    let n = 2 * MIN_STORE_BYTES / 4096;
+    let mut listed = Listed::packed();
+    for i in 0..n {
+        listed.push(big_pod(&format!("p{i:05}"), i as u64 + 1, 4000));
+    }
+    // Each object's JSON went into a chunk as it was pushed.
+    let items = listed.items();
+    assert!(items.iter().all(|o| o.pack_id() != 0));
+    assert!(adjacent(&items[0], &items[1]));
+    let at: Vec<_> = items.iter().map(|o| o.json().as_ptr()).collect();
+    let chunks = n.div_ceil(CHUNK / items[0].json().len());
+
+    let mut s = State::new(settings(100, 10));
+    s.replace(listed, n as u64 + 1, Instant::now());
+    // The store took the chunks: the same bytes where they were.
+    let objects: Vec<_> = s.objects().values().cloned().collect();
+    assert_eq!(objects.len(), n);
+    for (o, at) in objects.iter().zip(&at) {
+        assert_eq!(o.json().as_ptr(), *at);
+    }
+    assert_eq!(s.packs().chunks(), chunks);
+
+    // A relist's objects keep allocations of their own, even if packed.
+    let mut relist = Listed::packed();
+    relist.push(big_pod("p00000", n as u64 + 2, 4000));
+    s.replace(relist, n as u64 + 2, Instant::now());
+    assert_eq!(s.objects().get("ns/p00000").unwrap().pack_id(), 0);
+}
+
+#[test]
+fn a_small_first_fill_is_not_packed() {
+    use super::pack::Listed;
+    let mut s = State::new(settings(100, 10));
+    let mut listed = Listed::packed();
+    listed.push(pod("a", 5, "n1", "x"));
+    listed.push(pod("b", 6, "n2", "x"));
+    assert!(listed.into_parts().0.iter().all(|o| o.pack_id() != 0));
+    let mut listed = Listed::packed();
+    listed.push(pod("a", 5, "n1", "x"));
+    listed.push(pod("b", 6, "n2", "x"));
+    s.replace(listed, 10, Instant::now());
+    assert!(s.objects().values().all(|o| o.pack_id() == 0));
+    assert_eq!(s.packs().chunks(), 0);
+}
+
+#[test]
 fn events_are_packed_once_the_store_is_big_and_a_sparse_chunk_is_unpacked() {
     use super::pack::{MAX_PACKED, MIN_STORE_BYTES};
     let mut s = synced(100_000, 10);

@@ -212,6 +212,47 @@ impl FieldSet {
         out
     }
 
+    /// The labels [`FieldSet::extract`] gives beyond `metadata.name` and
+    /// `metadata.namespace`, in its order: the same for every object of the
+    /// kind, so that a cache keeps them once per kind and only the values
+    /// per object.
+    pub fn extra_fields(self) -> &'static [&'static str] {
+        match self {
+            FieldSet::Default => &[],
+            FieldSet::Pod => &[
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.nominatedNodeName",
+            ],
+            FieldSet::Node => &["spec.unschedulable"],
+            FieldSet::Service => &["spec.clusterIP", "spec.type"],
+            FieldSet::Secret => &["type"],
+            FieldSet::Namespace => &["status.phase"],
+            FieldSet::ReplicationController => &["status.replicas"],
+            FieldSet::CoreEvent | FieldSet::EventsV1Event => &[
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "source",
+                "type",
+            ],
+            FieldSet::Job => &["status.successful"],
+            FieldSet::CertificateSigningRequest => &["spec.signerName"],
+            FieldSet::ResourceSlice => &["spec.nodeName", "spec.driver"],
+        }
+    }
+
     /// Every path [`FieldSet::extract`] reads; a path's value is kept whole.
     pub(super) fn read_paths(self) -> &'static [&'static [&'static str]] {
         const META: [&[&str]; 2] = [&["metadata", "name"], &["metadata", "namespace"]];

@@ -191,6 +191,36 @@ mod tests {
     }
 
     #[test]
+    fn extra_fields_are_what_extract_gives_beyond_the_metadata() {
+        let all = [
+            FieldSet::Default,
+            FieldSet::Pod,
+            FieldSet::Node,
+            FieldSet::Service,
+            FieldSet::Secret,
+            FieldSet::Namespace,
+            FieldSet::ReplicationController,
+            FieldSet::CoreEvent,
+            FieldSet::EventsV1Event,
+            FieldSet::Job,
+            FieldSet::CertificateSigningRequest,
+            FieldSet::ResourceSlice,
+        ];
+        let object = serde_json::json!({"metadata": {"name": "o", "namespace": "ns"}});
+        for fs in all {
+            for namespaced in [true, false] {
+                let names: Vec<&str> = fs
+                    .extract(&object, namespaced)
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .filter(|k| !matches!(*k, "metadata.name" | "metadata.namespace"))
+                    .collect();
+                assert_eq!(names, fs.extra_fields(), "{fs:?}");
+            }
+        }
+    }
+
+    #[test]
     fn cluster_scoped_has_no_namespace_field() {
         let node: Value = serde_json::json!({"metadata": {"name": "n1"}, "spec": {}});
         let f = FieldSet::Node.extract(&node, false);

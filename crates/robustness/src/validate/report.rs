@@ -174,7 +174,11 @@ mod tests {
         );
         assert_eq!(Property::InitialState.as_str(), "initial state");
         let names: BTreeSet<&str> = Property::ALL.iter().map(|p| p.as_str()).collect();
-        assert_eq!(names.len(), 10);
+        assert_eq!(
+            names.len(),
+            Property::ALL.len(),
+            "property names are unique"
+        );
         assert!(Property::ALL.iter().all(|p| !p.description().is_empty()));
     }
 }
