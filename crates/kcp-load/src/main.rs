@@ -38,6 +38,7 @@
 //! (targets, watchers, writers, concurrent clients and their figures).
 
 mod authz;
+mod chart;
 mod client;
 mod common;
 mod compare;
