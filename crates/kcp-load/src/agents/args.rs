@@ -57,11 +57,20 @@ pub struct AgentsArgs {
     /// shipped `manifests/tier/config.yaml`'s).
     #[arg(long, value_name = "MS")]
     pub watch_batch_ms: Option<u64>,
+    /// The tier replicas' `cache.upstreamEncoding` (`JSON` or `Protobuf`;
+    /// default: the shipped configuration's).
+    #[arg(long, value_name = "ENCODING")]
+    pub tier_upstream_encoding: Option<String>,
     /// Stop a run when the machine's available memory (`MemAvailable`)
     /// falls below this many MiB, before the kernel's OOM killer picks a
     /// process of someone else's: the machine is shared.
     #[arg(long, default_value_t = 3072)]
     pub min_available_mib: u64,
+    /// Seconds between every watch open and the steady phase: longer
+    /// than a catch-up watch lives (60 s), which a proxy whose reviews
+    /// failed during the start passed through (docs/tier.md).
+    #[arg(long, default_value_t = 75)]
+    pub settle: u64,
     /// How long to wait for every watch to open, in seconds.
     #[arg(long, default_value_t = 600)]
     pub start_timeout: u64,
@@ -91,6 +100,10 @@ pub enum Topology {
     /// To their node's proxy, whose upstream is a tier replica (the
     /// apiserver as its fallback).
     Tier,
+    /// No agent at all, the same objects and writes: what the apiserver
+    /// sends its own watchers (its admission plugins' informers), which
+    /// every topology's figures include.
+    Baseline,
 }
 
 impl Topology {
@@ -99,6 +112,7 @@ impl Topology {
             Topology::Direct => "direct",
             Topology::Proxies => "proxies",
             Topology::Tier => "tier",
+            Topology::Baseline => "baseline",
         }
     }
 }

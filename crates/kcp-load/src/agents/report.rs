@@ -14,8 +14,11 @@ use crate::tier::nodes::Arrival;
 
 /// One run: a topology at N nodes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Report {
     pub topology: String,
+    /// What differs from the shipped configurations ("" when nothing).
+    pub variant: String,
     pub nodes: usize,
     /// Nodes behind a real node proxy, and behind a simulated one.
     pub real_proxies: usize,
@@ -39,10 +42,21 @@ pub struct Report {
     pub node_proxies: Option<NodeProxies>,
     /// Per tier replica: CPU (cores) and RSS (bytes).
     pub tier: Vec<(f64, u64)>,
+    /// The tier's requests per second by verb, resource and source, and
+    /// what else it did (as [`NodeProxies::diagnostics`]), all replicas
+    /// together.
+    pub tier_requests: Vec<(String, f64)>,
+    pub tier_diagnostics: Vec<(String, f64)>,
     /// This tool's own CPU (cores) during the steady phase.
     pub tool_cpu_cores: f64,
     /// Requests of this tool that failed (and were retried) since the start.
     pub failures: u64,
+    /// Watches of this tool that ended without an error and resumed,
+    /// during the steady phase, and how long they had lived (p50, max).
+    pub resumes: u64,
+    pub resumed_after_ms: [f64; 2],
+    /// This tool's requests that failed while the nodes started, by status.
+    pub start_failures: String,
     /// The log agents' GETs during the steady phase, and their latency.
     pub gets: u64,
     pub get_p50_ms: f64,
@@ -51,6 +65,7 @@ pub struct Report {
 
 /// The apiserver during the steady phase, from its `/metrics`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Apiserver {
     /// Open watches at the end, and before anything of the run started
     /// (its own).
@@ -63,14 +78,18 @@ pub struct Apiserver {
     /// The largest shares of the events and bytes, by resource.
     pub events_by_resource: Vec<(String, f64)>,
     pub bytes_by_resource: Vec<(String, f64)>,
-    /// Requests per second by verb, and the reviews among them.
-    pub requests_by_verb: Vec<(String, f64)>,
+    /// Requests per second by verb and resource (the most), and the
+    /// reviews among them.
+    pub requests: Vec<(String, f64)>,
+    /// Open watches at the end by resource.
+    pub watches_by_resource: Vec<(String, f64)>,
     pub token_reviews_per_s: f64,
     pub access_reviews_per_s: f64,
 }
 
 /// The real node proxies during the steady phase.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NodeProxies {
     pub count: usize,
     /// Per node proxy: CPU (cores) mean and max, RSS mean and max at the
@@ -80,19 +99,24 @@ pub struct NodeProxies {
     pub rss_mean: u64,
     pub rss_max: u64,
     pub peak_rss_max: u64,
-    /// Their clients' requests by how they were served
-    /// (`kube_cache_proxy_requests_total` by `source`), per second, all
-    /// proxies together.
-    pub requests_by_source: Vec<(String, f64)>,
+    /// Their clients' requests per second by verb, resource and how they
+    /// were served (`kube_cache_proxy_requests_total`: `cache`,
+    /// `upstream`), all proxies together, counted when they end.
+    pub requests: Vec<(String, f64)>,
     /// The upstream watches their caches hold, all proxies together
     /// (`kube_cache_proxy_upstream_watches`).
     pub upstream_watches: f64,
+    /// What else they did, per second: their clients' watches they ended
+    /// by reason, their upstream watches restarted, their
+    /// authentications and authorizations by result and source.
+    pub diagnostics: Vec<(String, f64)>,
 }
 
 /// How fast each Service change reached every watch of a group: per
 /// change, from its patch's sending to its event's arrival at the last
 /// watch of the group.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Reach {
     pub group: String,
     /// Watches of Services in the group.
@@ -155,8 +179,13 @@ pub fn reach(
 
 pub fn print_report(r: &Report) {
     println!(
-        "{} N={} ({} real node proxies, {} simulated, {} tier replicas): {}",
+        "{}{} N={} ({} real node proxies, {} simulated, {} tier replicas): {}",
         r.topology,
+        if r.variant.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", r.variant)
+        },
         r.nodes,
         r.real_proxies,
         r.simulated_proxies,
@@ -195,7 +224,11 @@ pub fn print_report(r: &Report) {
         shares(&s.events_by_resource, 1.0),
         shares(&s.bytes_by_resource, 1e6)
     );
-    println!("  requests/s by verb: {}", shares(&s.requests_by_verb, 1.0));
+    println!(
+        "  requests/s by verb and resource: {}; watches by resource: {}",
+        shares(&s.requests, 1.0),
+        shares(&s.watches_by_resource, 1.0)
+    );
     for x in &r.reach {
         println!(
             "  a Service change at every watch of {} ({} watches): {}/{} changes, p50 {:.1} ms, p99 \
@@ -214,23 +247,39 @@ pub fn print_report(r: &Report) {
     if let Some(p) = &r.node_proxies {
         println!(
             "  {} node proxies: CPU per proxy mean {:.4} max {:.4} cores; RSS mean {} max {} (peak \
-             {}); their clients' requests/s by source: {}; upstream watches of their caches {:.0}",
+             {}); their clients' requests/s: {}; upstream watches of their caches {:.0}",
             p.count,
             p.cpu_mean,
             p.cpu_max,
             mib(p.rss_mean),
             mib(p.rss_max),
             mib(p.peak_rss_max),
-            shares(&p.requests_by_source, 1.0),
+            shares(&p.requests, 1.0),
             p.upstream_watches
         );
+        println!("  and/s: {}", shares(&p.diagnostics, 1.0));
     }
     for (i, (cpu, rss)) in r.tier.iter().enumerate() {
         println!("  tier replica {i}: {cpu:.3} cores, RSS {}", mib(*rss));
     }
+    if !r.tier.is_empty() {
+        println!(
+            "  the tier's requests/s: {}; and/s: {}",
+            shares(&r.tier_requests, 1.0),
+            shares(&r.tier_diagnostics, 1.0)
+        );
+    }
     println!(
-        "  this tool: {:.2} cores; {} failed requests; {} log GETs (p50 {:.1} ms, p99 {:.1} ms)",
-        r.tool_cpu_cores, r.failures, r.gets, r.get_p50_ms, r.get_p99_ms
+        "  this tool: {:.2} cores; {} failed requests; {} watches ended and resumed in the steady \
+         phase (after p50 {:.1} s, max {:.1} s); {} log GETs (p50 {:.1} ms, p99 {:.1} ms)",
+        r.tool_cpu_cores,
+        r.failures,
+        r.resumes,
+        r.resumed_after_ms[0] / 1000.0,
+        r.resumed_after_ms[1] / 1000.0,
+        r.gets,
+        r.get_p50_ms,
+        r.get_p99_ms
     );
 }
 
@@ -260,9 +309,9 @@ pub fn read(path: &Path) -> Result<Vec<Report>> {
 /// order direct, proxies, tier.
 pub fn newest(all: &[Report]) -> Vec<Report> {
     let order = |t: &str| ["direct", "proxies", "tier"].iter().position(|x| *x == t);
-    let mut m: BTreeMap<(usize, Option<usize>), Report> = BTreeMap::new();
+    let mut m: BTreeMap<(usize, Option<usize>, String), Report> = BTreeMap::new();
     for r in all {
-        m.insert((r.nodes, order(&r.topology)), r.clone());
+        m.insert((r.nodes, order(&r.topology), r.variant.clone()), r.clone());
     }
     m.into_values().collect()
 }
@@ -285,13 +334,22 @@ pub fn table(reports: &[Report]) -> String {
     for r in &reports {
         let direct = reports
             .iter()
-            .find(|d| d.nodes == r.nodes && d.topology == "direct" && d.error.is_none())
+            .find(|d| {
+                d.nodes == r.nodes
+                    && d.topology == "direct"
+                    && d.variant.is_empty()
+                    && d.error.is_none()
+            })
             .filter(|_| r.topology != "direct");
+        let topology = if r.variant.is_empty() {
+            r.topology.clone()
+        } else {
+            format!("{} ({})", r.topology, r.variant)
+        };
         if let Some(e) = &r.error {
             out.push_str(&format!(
-                "| {} | {} | {} |||||||||\n",
+                "| {} | {topology} | {} |||||||||\n",
                 r.nodes,
-                r.topology,
                 e.replace('|', "/")
             ));
             continue;
@@ -335,9 +393,8 @@ pub fn table(reports: &[Report]) -> String {
                 .join(", ")
         };
         out.push_str(&format!(
-            "| {} | {} | {:.0}{} ({:.0}) | {:.0}{} | {:.2}{} | {:.3} | {:.0} MiB | {} | {} | {cpu} | {rss} | {tier} |\n",
+            "| {} | {topology} | {:.0}{} ({:.0}) | {:.0}{} | {:.2}{} | {:.3} | {:.0} MiB | {} | {} | {cpu} | {rss} | {tier} |\n",
             r.nodes,
-            r.topology,
             s.watches,
             ratio(s.watches, direct.map(|d| d.apiserver.watches)),
             s.watches_before,
@@ -359,7 +416,11 @@ pub fn table(reports: &[Report]) -> String {
 pub fn svg(reports: &[Report]) -> String {
     use crate::chart::Panel;
     let reports = newest(reports);
-    let mut ns: Vec<usize> = reports.iter().map(|r| r.nodes).collect();
+    let mut ns: Vec<usize> = reports
+        .iter()
+        .filter(|r| r.variant.is_empty())
+        .map(|r| r.nodes)
+        .collect();
     ns.dedup();
     let topologies = ["direct", "proxies", "tier"];
     let panel = |title: &str, log: bool, value: &dyn Fn(&Report) -> Option<f64>| Panel {
@@ -373,7 +434,12 @@ pub fn svg(reports: &[Report]) -> String {
                     .map(|t| {
                         reports
                             .iter()
-                            .find(|r| r.nodes == *n && r.topology == *t && r.error.is_none())
+                            .find(|r| {
+                                r.nodes == *n
+                                    && r.topology == *t
+                                    && r.variant.is_empty()
+                                    && r.error.is_none()
+                            })
                             .and_then(value)
                     })
                     .collect();

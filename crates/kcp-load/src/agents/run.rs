@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use apimachinery::pki::{Ca, Issued};
 use http::{HeaderName, HeaderValue, header};
+use kube_cache_proxy::component::config::UpstreamEncoding;
 use kube_testenv::{AssetsError, ControlPlane, Options};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -41,6 +42,7 @@ pub async fn agents(a: &AgentsArgs) -> Result<()> {
                 Err(e) if e.downcast_ref::<Skip>().is_some() => return Err(e),
                 Err(e) => Report {
                     topology: t.as_str().into(),
+                    variant: variant(a, t),
                     nodes: a.nodes,
                     error: Some(format!("{e:#}")),
                     ..Report::default()
@@ -171,6 +173,7 @@ impl<'a> Run<'a> {
         let (a, t, cp, admin) = (self.a, self.t, self.cp, self.admin);
         let mut r = Report {
             topology: t.as_str().into(),
+            variant: variant(a, t),
             nodes: a.nodes,
             unix_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -196,6 +199,7 @@ impl<'a> Run<'a> {
                 apply(admin, manifest).await?;
             }
         }
+        check_file_limit(a, t)?;
         seed(admin, a.nodes, a.services).await?;
         seed_network_policies(admin, a.network_policies).await?;
         for agent in AGENTS {
@@ -215,15 +219,29 @@ impl<'a> Run<'a> {
         let mut tier = Vec::new();
         if t == Topology::Tier {
             let token = tier_token(admin).await?;
+            let encoding: Option<UpstreamEncoding> = match &a.tier_upstream_encoding {
+                Some(e) => Some(
+                    serde_json::from_value(json!(e))
+                        .map_err(|_| anyhow!("--tier-upstream-encoding {e}: JSON or Protobuf"))?,
+                ),
+                None => None,
+            };
             for i in 0..a.replicas.max(1) {
-                tier.push(TierReplica::start(
+                tier.push(TierReplica::start_with(
                     &a.proxy_bin,
                     self.dir,
                     i,
                     cp,
                     &proxy_ca,
                     &token,
-                    a.watch_batch_ms,
+                    |c| {
+                        if let Some(ms) = a.watch_batch_ms {
+                            c.cache.watch_batch_milliseconds = ms;
+                        }
+                        if let Some(e) = encoding {
+                            c.cache.upstream_encoding = e;
+                        }
+                    },
                 )?);
             }
             for replica in &tier {
@@ -240,17 +258,14 @@ impl<'a> Run<'a> {
                 None => apiserver.clone(),
             }
         };
-        let real = if t == Topology::Direct {
-            0
-        } else {
+        let proxied = matches!(t, Topology::Proxies | Topology::Tier);
+        let real = if proxied {
             a.real_proxies.min(a.nodes)
+        } else {
+            0
         };
         r.real_proxies = real;
-        r.simulated_proxies = if t == Topology::Direct {
-            0
-        } else {
-            a.nodes - real
-        };
+        r.simulated_proxies = if proxied { a.nodes - real } else { 0 };
         r.replicas = tier.len();
         let mut certs = Vec::with_capacity(a.nodes);
         for i in 0..a.nodes {
@@ -307,7 +322,8 @@ impl<'a> Run<'a> {
             u.cni_token.len(),
         );
         let t_start = Instant::now();
-        for (i, cert) in certs.iter().enumerate() {
+        let nodes = if t == Topology::Baseline { 0 } else { a.nodes };
+        for (i, cert) in certs.iter().enumerate().take(nodes) {
             if t == Topology::Direct {
                 self.start_agents(i, cert, &apiserver).await?;
             } else if let Some(p) = node_proxies.get(i) {
@@ -335,22 +351,33 @@ impl<'a> Run<'a> {
             });
         }
         r.started_in_s = t_start.elapsed().as_secs_f64();
+        r.start_failures = self.failures_by_status();
         println!(
-            "nodes: {} watches open after {:.1}s ({} LISTs by this tool, {} failed requests)",
+            "nodes: {} watches open after {:.1}s ({} LISTs by this tool, {} failed requests: {})",
             self.watches,
             r.started_in_s,
             self.shared.lists.load(Ordering::Relaxed),
             self.shared.failures.load(Ordering::Relaxed),
+            r.start_failures,
         );
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // What the start leaves running settles first: through a tier,
+        // the node proxies' watches that reached a replica before it
+        // could serve them go to the apiserver for up to 60 s
+        // (docs/tier.md, "Catch-up watches").
+        tokio::time::sleep(Duration::from_secs(a.settle)).await;
 
         // Steady writes.
         let m0 = scrape(admin).await?;
         let p0 = proxies::metrics(&node_proxies).await;
         let cpu0 = proxies::cpu(&node_proxies);
         let tier0 = tier_samples(&tier);
+        let tm0 = proxies::metrics(&tier).await;
         let self0 = stats::cpu_of(std::process::id()).unwrap_or_default();
         let gets0 = self.shared.gets.load(Ordering::Relaxed);
+        let resumes0 = self.shared.resumes.load(Ordering::Relaxed);
+        if let Ok(mut l) = self.shared.resumed_after.lock() {
+            l.clear();
+        }
         if let Ok(mut l) = self.shared.get_latency.lock() {
             l.clear();
         }
@@ -386,6 +413,7 @@ impl<'a> Run<'a> {
         let p1 = proxies::metrics(&node_proxies).await;
         let cpu1 = proxies::cpu(&node_proxies);
         let tier1 = tier_samples(&tier);
+        let tm1 = proxies::metrics(&tier).await;
         let self1 = stats::cpu_of(std::process::id()).unwrap_or_default();
         let steady = t0.elapsed().as_secs_f64();
         writes_stop.cancel();
@@ -393,6 +421,14 @@ impl<'a> Run<'a> {
             r.writes += w.await??;
         }
         r.gets = self.shared.gets.load(Ordering::Relaxed) - gets0;
+        r.resumes = self.shared.resumes.load(Ordering::Relaxed) - resumes0;
+        let lived = self
+            .shared
+            .resumed_after
+            .lock()
+            .map(|mut l| stats::Summary::of(&mut l))
+            .unwrap_or_default();
+        r.resumed_after_ms = [lived.p50, lived.max].map(|ms| ms as f64);
         // The last changes' deliveries (a tier holds an event up to its
         // batch window).
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -400,6 +436,18 @@ impl<'a> Run<'a> {
         r.steady_s = steady;
         r.apiserver = apiserver_figures(&m_base, &m0, &m1, steady);
         r.reach = self.reach();
+        if !tier.is_empty() {
+            r.tier_requests = per_second(
+                metrics::growth(
+                    &tm0,
+                    &tm1,
+                    "kube_cache_proxy_requests_total",
+                    &["verb", "resource", "source"],
+                ),
+                steady,
+            );
+            r.tier_diagnostics = diagnostics(&tm0, &tm1, steady);
+        }
         r.tier = tier0
             .iter()
             .zip(&tier1)
@@ -428,11 +476,17 @@ impl<'a> Run<'a> {
                     .filter_map(|p| stats::peak_rss_of(p.pid()))
                     .max()
                     .unwrap_or_default(),
-                requests_by_source: per_second(
-                    metrics::growth(&p0, &p1, "kube_cache_proxy_requests_total", &["source"]),
+                requests: per_second(
+                    metrics::growth(
+                        &p0,
+                        &p1,
+                        "kube_cache_proxy_requests_total",
+                        &["verb", "resource", "source"],
+                    ),
                     steady,
                 ),
                 upstream_watches: counter(&p1, "kube_cache_proxy_upstream_watches", &[]),
+                diagnostics: diagnostics(&p0, &p1, steady),
             });
             println!(
                 "  node proxies' upstream watches by resource and kind: {}",
@@ -642,9 +696,10 @@ impl<'a> Run<'a> {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "only {open} of {} watches open after {timeout:?} ({} failed requests)",
+                    "only {open} of {} watches open after {timeout:?} ({} failed requests: {})",
                     self.watches,
-                    self.shared.failures.load(Ordering::Relaxed)
+                    self.shared.failures.load(Ordering::Relaxed),
+                    self.failures_by_status()
                 );
             }
             if last_print.elapsed() > Duration::from_secs(10) {
@@ -659,6 +714,23 @@ impl<'a> Run<'a> {
             self.memory_guard()?;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The failed requests so far by status ("none": no answer).
+    fn failures_by_status(&self) -> String {
+        self.shared
+            .failures_by_status
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|(status, n)| match status {
+                        0 => format!("no answer {n}"),
+                        s => format!("{s} {n}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
     }
 
     /// Fails when the machine's available memory is below the floor.
@@ -717,7 +789,9 @@ impl<'a> Run<'a> {
         } else {
             format!("the agents behind the {real} real node proxies")
         };
-        out.push(report::reach(&what, &agents, &changes, &arrivals));
+        if !agents.is_empty() {
+            out.push(report::reach(&what, &agents, &changes, &arrivals));
+        }
         if self.t == Topology::Direct && real < self.a.nodes {
             let first = members(&|t| t.side == Side::Agents && t.node < real);
             out.push(report::reach(
@@ -746,6 +820,54 @@ async fn target_of(kubeconfig: &str) -> Result<Target> {
     Target::new(&config).await
 }
 
+/// What of `t` differs from the shipped configurations.
+fn variant(a: &AgentsArgs, t: Topology) -> String {
+    let mut v = Vec::new();
+    if t == Topology::Tier {
+        if let Some(ms) = a.watch_batch_ms {
+            v.push(format!("tier watch batch {ms} ms"));
+        }
+        if let Some(e) = &a.tier_upstream_encoding {
+            v.push(format!("tier reads upstream {e}"));
+        }
+    }
+    v.join(", ")
+}
+
+/// Fails at once when this tool would need more connections than a
+/// process may open files here (each agent has its own connection, and
+/// the apiserver, whose limit is the same, as many for direct).
+fn check_file_limit(a: &AgentsArgs, t: Topology) -> Result<()> {
+    let real = a.real_proxies.min(a.nodes);
+    let connections = match t {
+        Topology::Direct => a.nodes * AGENTS.len(),
+        // A simulated node proxy: its own connection and the one for its
+        // clients' tokens.
+        Topology::Proxies | Topology::Tier => real * AGENTS.len() + (a.nodes - real) * 2,
+        Topology::Baseline => 0,
+    };
+    let limit = open_files_limit().unwrap_or(u64::MAX);
+    // Room for the rest: the control plane's files, the proxies' pipes,
+    // listeners.
+    if connections as u64 + 1000 > limit {
+        bail!(
+            "{} nodes {} need {connections} client connections, here more than a process may \
+             open ({limit} files, `ulimit -n`; the apiserver has the same limit)",
+            a.nodes,
+            t.as_str()
+        );
+    }
+    Ok(())
+}
+
+/// This process's limit of open files (`Max open files` of
+/// `/proc/self/limits`, the soft limit).
+fn open_files_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
 /// NetworkPolicies in the seed's namespace, for the CNI agents to watch.
 async fn seed_network_policies(admin: &Target, n: usize) -> Result<()> {
     let mut conn = admin.connect(Proto::H2).await?;
@@ -771,10 +893,10 @@ async fn seed_network_policies(admin: &Target, n: usize) -> Result<()> {
 /// watches before the run in `base`.
 fn apiserver_figures(base: &[Sample], m0: &[Sample], m1: &[Sample], steady: f64) -> Apiserver {
     let grew = |name: &str| counter(m1, name, &[]) - counter(m0, name, &[]);
-    let top = |name: &str, key: &str| {
-        let mut v = per_second(metrics::growth(m0, m1, name, &[key]), steady);
+    let top = |name: &str, keys: &[&str], n: usize| {
+        let mut v = per_second(metrics::growth(m0, m1, name, keys), steady);
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
-        v.truncate(6);
+        v.truncate(n);
         v
     };
     let reviews = |resource: &str| {
@@ -788,12 +910,64 @@ fn apiserver_figures(base: &[Sample], m0: &[Sample], m1: &[Sample], steady: f64)
         rss_bytes: counter(m1, "process_resident_memory_bytes", &[]) as u64,
         events_per_s: grew("apiserver_watch_events_total") / steady,
         bytes_per_s: grew("apiserver_watch_events_sizes_sum") / steady,
-        events_by_resource: top("apiserver_watch_events_total", "resource"),
-        bytes_by_resource: top("apiserver_watch_events_sizes_sum", "resource"),
-        requests_by_verb: top("apiserver_request_total", "verb"),
+        events_by_resource: top("apiserver_watch_events_total", &["resource"], 6),
+        bytes_by_resource: top("apiserver_watch_events_sizes_sum", &["resource"], 6),
+        requests: top("apiserver_request_total", &["verb", "resource"], 10),
+        watches_by_resource: {
+            let mut v: Vec<(String, f64)> = metrics::growth(
+                &[],
+                m1,
+                "apiserver_longrunning_requests",
+                &["verb", "resource"],
+            )
+            .into_iter()
+            .filter(|(k, _)| k.first().is_some_and(|v| v == "WATCH"))
+            .map(|(k, v)| (k[1..].join("/"), v))
+            .collect();
+            v.sort_by(|a, b| b.1.total_cmp(&a.1));
+            // Past these, the apiserver's own (one per resource).
+            v.truncate(14);
+            v
+        },
         token_reviews_per_s: reviews("tokenreviews") / steady,
         access_reviews_per_s: reviews("subjectaccessreviews") / steady,
     }
+}
+
+/// What proxies did besides serving, per second over the steady phase,
+/// all of them together: their clients' watches they ended (by reason),
+/// their upstream watches restarted (by resource and reason), their
+/// authentications and authorizations (by result and source).
+fn diagnostics(before: &[Sample], after: &[Sample], steady: f64) -> Vec<(String, f64)> {
+    [
+        (
+            "watchers ended",
+            "kube_cache_proxy_cache_watchers_terminated_total",
+            &["reason"][..],
+        ),
+        (
+            "upstream watches restarted",
+            "kube_cache_proxy_upstream_watch_restarts_total",
+            &["resource", "reason"],
+        ),
+        (
+            "authentications",
+            "kube_cache_proxy_authentication_total",
+            &["result", "source"],
+        ),
+        (
+            "authorizations",
+            "kube_cache_proxy_authorization_total",
+            &["result", "source"],
+        ),
+    ]
+    .into_iter()
+    .flat_map(|(what, name, keys)| {
+        per_second(metrics::growth(before, after, name, keys), steady)
+            .into_iter()
+            .map(move |(k, v)| (format!("{what} {k}"), v))
+    })
+    .collect()
 }
 
 fn per_second(
@@ -819,7 +993,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_the_available_memory() {
+    fn reads_the_available_memory_and_the_file_limit() {
         assert!(mem_available_mib().is_some_and(|m| m > 0));
+        assert!(open_files_limit().is_some_and(|n| n > 0));
     }
 }

@@ -152,11 +152,16 @@ pub struct Shared {
     pub lists: AtomicU64,
     /// Relists after `410 Gone`.
     pub relists: AtomicU64,
+    /// Watches that ended without an error (their timeout, or the server
+    /// ended them) and resumed, and how long each had lived (ms).
+    pub resumes: AtomicU64,
+    pub resumed_after: std::sync::Mutex<Vec<u32>>,
     /// Events received, bookmarks apart.
     pub events: AtomicU64,
     /// Requests that failed (no response, or a status other than 200 and
-    /// 410).
+    /// 410), and how many by status (0: no response).
     pub failures: AtomicU64,
+    pub failures_by_status: std::sync::Mutex<std::collections::BTreeMap<u16, u64>>,
     /// When each Service and EndpointSlice patch of the steady phase was
     /// sent, by the resourceVersion it made.
     pub written: std::sync::Mutex<std::collections::HashMap<u64, Instant>>,
@@ -171,6 +176,32 @@ pub struct Shared {
     /// GETs by [`poll_gets`], and their latencies (µs).
     pub gets: AtomicU64,
     pub get_latency: std::sync::Mutex<Vec<u32>>,
+}
+
+/// A request answered with a status other than the one wanted.
+#[derive(Debug)]
+struct Refused {
+    what: String,
+    status: StatusCode,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.status)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl Shared {
+    /// Counts a failed request, by its status if it got one.
+    fn failed(&self, e: &anyhow::Error) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let status = e.downcast_ref::<Refused>().map_or(0, |r| r.status.as_u16());
+        if let Ok(mut m) = self.failures_by_status.lock() {
+            *m.entry(status).or_default() += 1;
+        }
+    }
 }
 
 /// Decrements the open count when a watch ends.
@@ -194,8 +225,9 @@ const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
 /// How a watch ended.
 #[derive(Debug, PartialEq, Eq)]
 enum WatchEnd {
-    /// The stream ended (its timeout): watch again from the last RV.
-    Closed,
+    /// The stream ended (its timeout) after it lived this long: watch
+    /// again from the last RV.
+    Closed(Duration),
     /// `410 Gone`: relist.
     Gone,
 }
@@ -210,10 +242,16 @@ pub async fn reflect(
     let mut listed = false;
     while !stop.is_cancelled() {
         let step = if listed {
-            watch(&node, &w, &shared).await.map(|end| {
-                if end == WatchEnd::Gone {
+            watch(&node, &w, &shared).await.map(|end| match end {
+                WatchEnd::Gone => {
                     shared.relists.fetch_add(1, Ordering::Relaxed);
                     listed = false;
+                }
+                WatchEnd::Closed(lived) => {
+                    shared.resumes.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut l) = shared.resumed_after.lock() {
+                        l.push(crate::stats::micros(lived) / 1000);
+                    }
                 }
             })
         } else {
@@ -224,8 +262,8 @@ pub async fn reflect(
         };
         match step {
             Ok(()) => backoff = BACKOFF.build(),
-            Err(_) => {
-                shared.failures.fetch_add(1, Ordering::Relaxed);
+            Err(e) => {
+                shared.failed(&e);
                 let delay = backoff.next().unwrap_or(Duration::from_secs(1));
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -256,7 +294,11 @@ async fn list(node: &SimNode, w: &WatchSpec, shared: &Shared) -> Result<u64> {
         let encoding = Encoding::of(resp.headers().get(header::CONTENT_TYPE));
         let body = resp.into_body().collect().await?.to_bytes();
         if status != StatusCode::OK {
-            bail!("list {}: {status}", w.path);
+            return Err(Refused {
+                what: format!("list {}", w.path),
+                status,
+            }
+            .into());
         }
         let page = parse_page(&body, encoding)?;
         if rv.is_none() {
@@ -280,8 +322,15 @@ async fn watch(node: &SimNode, w: &WatchSpec, shared: &Shared) -> Result<WatchEn
     match resp.status() {
         StatusCode::OK => {}
         StatusCode::GONE => return Ok(WatchEnd::Gone),
-        s => bail!("watch {}: {s}", w.path),
+        status => {
+            return Err(Refused {
+                what: format!("watch {}", w.path),
+                status,
+            }
+            .into());
+        }
     }
+    let opened = Instant::now();
     let encoding = Encoding::of(resp.headers().get(header::CONTENT_TYPE));
     shared.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenGuard(&shared.open);
@@ -331,7 +380,7 @@ async fn watch(node: &SimNode, w: &WatchSpec, shared: &Shared) -> Result<WatchEn
             }
         }
     }
-    Ok(WatchEnd::Closed)
+    Ok(WatchEnd::Closed(opened.elapsed()))
 }
 
 /// GETs `path` (a consistent read: no resourceVersion, as log agents
@@ -353,12 +402,18 @@ pub async fn poll_gets(
         }
         next += interval;
         let t = Instant::now();
-        let ok = async {
+        let ok: Result<()> = async {
             let mut conn = node.conn().await?;
             let resp = conn.send(w.request(&node, &conn, &w.path)?).await?;
             let status = resp.status();
             resp.into_body().collect().await?;
-            anyhow::ensure!(status == StatusCode::OK, "GET {}: {status}", w.path);
+            if status != StatusCode::OK {
+                return Err(Refused {
+                    what: format!("GET {}", w.path),
+                    status,
+                }
+                .into());
+            }
             Ok(())
         }
         .await;
@@ -369,9 +424,7 @@ pub async fn poll_gets(
                     l.push(crate::stats::micros(t.elapsed()));
                 }
             }
-            Err(_) => {
-                shared.failures.fetch_add(1, Ordering::Relaxed);
-            }
+            Err(e) => shared.failed(&e),
         }
     }
 }

@@ -96,6 +96,23 @@ impl TierReplica {
         token: &str,
         watch_batch_ms: Option<u64>,
     ) -> Result<TierReplica> {
+        TierReplica::start_with(bin, dir, i, cp, ca, token, |c| {
+            if let Some(ms) = watch_batch_ms {
+                c.cache.watch_batch_milliseconds = ms;
+            }
+        })
+    }
+
+    /// As [`TierReplica::start`], the configuration changed by `adjust`.
+    pub fn start_with(
+        bin: &Path,
+        dir: &Path,
+        i: usize,
+        cp: &ControlPlane,
+        ca: &Ca,
+        token: &str,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Result<TierReplica> {
         let dir = dir.join(format!("tier-{i}"));
         std::fs::create_dir_all(&dir)?;
         let write = |name: &str, text: &str| -> Result<PathBuf> {
@@ -119,9 +136,8 @@ impl TierReplica {
             (&cert, &key, &client_ca),
             &upstream,
         )?;
-        if let Some(ms) = watch_batch_ms {
-            config.cache.watch_batch_milliseconds = ms;
-        }
+        adjust(&mut config);
+        config.validate()?;
         TierReplica::spawn(bin, &dir, &format!("tier replica {i}"), &config, ca)
     }
 
