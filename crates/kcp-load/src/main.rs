@@ -29,6 +29,11 @@
 //!   kube-apiserver, directly and through a tier of proxies: the
 //!   apiserver's watches, CPU, memory, events and bytes sent, and the
 //!   relist storm after its restart (`docs/tier.md`).
+//! - `agents`: N simulated nodes' agents (kubelet, kube-proxy, a CNI,
+//!   a log and a metrics agent, each its own identity and connection)
+//!   against a real kube-apiserver: directly, through node proxies, and
+//!   through node proxies and a tier; what the apiserver pays, and how
+//!   fast a Service change reaches every agent (`docs/performance.md`).
 //! - `--self-test`: all of the above, small, against `--sim`.
 //!
 //! Targets: a kubeconfig's server, `--sim` (the simulated apiserver and
@@ -40,7 +45,9 @@
 //! Each subcommand is a module of its own; `common` holds what they share
 //! (targets, watchers, writers, concurrent clients and their figures).
 
+mod agents;
 mod authz;
+mod chart;
 mod client;
 mod common;
 mod compare;
@@ -108,6 +115,11 @@ enum Cmd {
     /// and through a tier of proxies: its watches, CPU, memory, events and
     /// bytes sent, and the relist storm after its restart.
     Tier(tier::TierArgs),
+    /// Simulated nodes' agents (kubelet, kube-proxy, CNI, log, metrics)
+    /// against a real kube-apiserver, directly, through node proxies and
+    /// through node proxies and a tier: what the apiserver pays, and how
+    /// fast a Service change reaches every agent.
+    Agents(agents::AgentsArgs),
     /// How long consistent reads of a quiet resource in a busy cluster
     /// wait for the cache to be shown fresh: progress watches one per
     /// wait, then rolling, and the apiserver itself.
@@ -152,6 +164,7 @@ fn main() -> std::process::ExitCode {
             (Some(Cmd::Authz(a)), _) => authz::authz(&a).await.map(|_| ()),
             (Some(Cmd::Kubelet(a)), _) => hollow::kubelet(&a).await,
             (Some(Cmd::Tier(a)), _) => tier::tier(&a).await.map(|_| ()),
+            (Some(Cmd::Agents(a)), _) => agents::agents(&a).await,
             (Some(Cmd::Compare(a)), _) => compare::compare(&a).await,
             (Some(Cmd::Memory(a)), _) => memory::memory(&a).await,
             (Some(Cmd::Freshness(a)), _) => freshness::freshness(&a).await,

@@ -1686,69 +1686,28 @@ fn table(all: &[Figures]) {
 /// Two bar charts side by side: pod startup p50/p90/p99 (ms) and the
 /// apiserver's CPU seconds, by topology.
 fn svg(all: &[Figures]) -> String {
-    let (w, h, pad) = (760.0, 320.0, 50.0);
-    let mut out = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
-    );
-    let colors = ["#4e79a7", "#f28e2b", "#e15759"];
-    let panels: [(&str, Vec<Vec<f64>>); 2] = [
-        (
-            "pod startup latency (ms): p50, p90, p99",
-            all.iter()
-                .map(|f| {
-                    vec![
-                        f.startup.p50 as f64 / 1000.0,
-                        f.startup.p90 as f64 / 1000.0,
-                        f.startup.p99 as f64 / 1000.0,
-                    ]
-                })
-                .collect(),
-        ),
-        (
-            "apiserver CPU (s)",
-            all.iter().map(|f| vec![f.apiserver_cpu]).collect(),
-        ),
-    ];
-    let panel_w = (w - 3.0 * pad) / 2.0;
-    for (p, (title, values)) in panels.iter().enumerate() {
-        let x0 = pad + p as f64 * (panel_w + pad);
-        let max = values
+    let panel = |title: &str, values: &dyn Fn(&Figures) -> Vec<f64>| crate::chart::Panel {
+        title: title.into(),
+        log: false,
+        groups: all
             .iter()
-            .flatten()
-            .copied()
-            .fold(0.0_f64, f64::max)
-            .max(1e-9);
-        out.push_str(&format!(r#"<text x="{x0}" y="20">{title}</text>"#));
-        let group_w = panel_w / values.len().max(1) as f64;
-        for (g, bars) in values.iter().enumerate() {
-            let bar_w = group_w * 0.8 / bars.len() as f64;
-            for (b, v) in bars.iter().enumerate() {
-                let bh = (h - 2.0 * pad) * v / max;
-                let x = x0 + g as f64 * group_w + b as f64 * bar_w;
-                let y = h - pad - bh;
-                out.push_str(&format!(
-                    r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{bh:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" font-size="10">{v:.0}</text>"#,
-                    bar_w * 0.95,
-                    colors[b % colors.len()],
-                    x,
-                    y - 3.0
-                ));
-            }
-            out.push_str(&format!(
-                r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
-                x0 + g as f64 * group_w,
-                h - pad + 16.0,
-                all[g].topology
-            ));
-        }
-        out.push_str(&format!(
-            r#"<line x1="{x0}" y1="{y}" x2="{x2}" y2="{y}" stroke="black"/>"#,
-            y = h - pad,
-            x2 = x0 + panel_w
-        ));
-    }
-    out.push_str("</svg>\n");
-    out
+            .map(|f| {
+                (
+                    f.topology.clone(),
+                    values(f).into_iter().map(Some).collect(),
+                )
+            })
+            .collect(),
+    };
+    let panels = [
+        panel("pod startup latency (ms): p50, p90, p99", &|f| {
+            [f.startup.p50, f.startup.p90, f.startup.p99]
+                .map(|us| us as f64 / 1000.0)
+                .to_vec()
+        }),
+        panel("apiserver CPU (s)", &|f| vec![f.apiserver_cpu]),
+    ];
+    crate::chart::bars(&panels, &[], 2, 305.0, 270.0)
 }
 
 #[cfg(test)]

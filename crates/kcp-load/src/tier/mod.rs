@@ -42,16 +42,19 @@
 //!    Service change made after the restart reached every node.
 //!
 //! `args` holds what to measure; `run` the runs and `restart` the relist
-//! storm; `nodes` the simulated nodes, `seed` the objects and writes,
-//! `replicas` the tier's processes, `report` the figures.
+//! storm; `nodes` the simulated nodes, `wire` what they read of the
+//! answers (JSON or protobuf), `seed` the objects and writes, `replicas`
+//! the tier's processes, `report` the figures. `agents` reuses all but
+//! `run` and `restart`.
 
 mod args;
-mod nodes;
+pub(crate) mod nodes;
 pub(crate) mod replicas;
-mod report;
+pub(crate) mod report;
 mod restart;
 mod run;
 pub(crate) mod seed;
+pub(crate) mod wire;
 
 pub use args::TierArgs;
 pub use run::tier;

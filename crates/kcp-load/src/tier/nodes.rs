@@ -1,21 +1,23 @@
 //! The simulated nodes: each one connection with its own client
 //! certificate carrying its watch set, each watch a reflector as the
 //! proxy's (paginated list, watch from the last resourceVersion, backoff,
-//! relist on `410 Gone`).
+//! relist on `410 Gone`), reading JSON or protobuf as its connection
+//! asks. `agents` uses the same for node agents and simulated node
+//! proxies, and [`poll_gets`] for a log agent's GETs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::BytesMut;
-use http::{Method, StatusCode};
+use http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
-use serde::Deserialize;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use super::wire::{Encoding, Event, next_frame, parse_event, parse_frame, parse_page};
 use crate::client::{Conn, Proto, Target};
 
 /// The node proxy's default caches (`CacheConfig::default`, scoped by
@@ -36,8 +38,9 @@ pub const NODE_RESOURCES: [(&str, Option<&str>); 9] = [
 /// Items per list page, as the proxy's reflector.
 const PAGE_SIZE: u32 = 500;
 
-/// One node's connection (its own client certificate), shared by its
-/// watches and opened again when it breaks.
+/// One client's connection (a node's, with its own client certificate; or
+/// an agent's, with its token), shared by its watches and opened again
+/// when it breaks.
 pub struct SimNode {
     pub target: Target,
     pub conn: Mutex<Option<Conn>>,
@@ -64,28 +67,80 @@ impl SimNode {
 pub struct WatchSpec {
     path: String,
     field_selector: Option<String>,
+    label_selector: Option<String>,
+    /// Headers its requests carry in place of the connection's
+    /// (`Authorization`, `Accept`): what a node proxy passes through on its
+    /// one connection for clients' tokens carries each client's own.
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// Where its arrivals of written objects are recorded
+    /// ([`Shared::arrivals`]), if at all: an index the run gives it.
+    tracked: Option<u32>,
     pub rv: AtomicU64,
+}
+
+/// What a [`WatchSpec`] has beyond its collection and field selector.
+#[derive(Debug, Default, Clone)]
+pub struct WatchOptions {
+    pub label_selector: Option<String>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub tracked: Option<u32>,
 }
 
 impl WatchSpec {
     pub fn new(path: String, field_selector: Option<String>) -> Arc<WatchSpec> {
+        WatchSpec::with(path, field_selector, WatchOptions::default())
+    }
+
+    pub fn with(path: String, field_selector: Option<String>, o: WatchOptions) -> Arc<WatchSpec> {
         Arc::new(WatchSpec {
             path,
             field_selector,
+            label_selector: o.label_selector,
+            headers: o.headers,
+            tracked: o.tracked,
             rv: AtomicU64::new(0),
         })
     }
 
     fn query(&self, extra: &str) -> String {
-        match &self.field_selector {
-            Some(s) => format!(
-                "{}?{extra}&fieldSelector={}",
-                self.path,
-                percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
-            ),
-            None => format!("{}?{extra}", self.path),
+        let mut q = format!("{}?{extra}", self.path);
+        for (name, value) in [
+            ("labelSelector", &self.label_selector),
+            ("fieldSelector", &self.field_selector),
+        ] {
+            if let Some(v) = value {
+                q.push_str(&format!(
+                    "&{name}={}",
+                    percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC)
+                ));
+            }
         }
+        q
     }
+
+    /// A request for `query` on `conn`, with this watch's own headers.
+    fn request(
+        &self,
+        node: &SimNode,
+        conn: &Conn,
+        query: &str,
+    ) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>> {
+        let mut req = node.target.request(conn, Method::GET, query, None)?;
+        for (name, value) in &self.headers {
+            req.headers_mut().insert(name, value.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// An arrival of a written object's event at a tracked watch.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    /// The object's resourceVersion (the write's).
+    pub rv: u64,
+    /// The watch's [`WatchOptions::tracked`].
+    pub watch: u32,
+    pub at: Instant,
 }
 
 /// Counters over every simulated watch.
@@ -97,17 +152,56 @@ pub struct Shared {
     pub lists: AtomicU64,
     /// Relists after `410 Gone`.
     pub relists: AtomicU64,
+    /// Watches that ended without an error (their timeout, or the server
+    /// ended them) and resumed, and how long each had lived (ms).
+    pub resumes: AtomicU64,
+    pub resumed_after: std::sync::Mutex<Vec<u32>>,
     /// Events received, bookmarks apart.
     pub events: AtomicU64,
     /// Requests that failed (no response, or a status other than 200 and
-    /// 410).
+    /// 410), and how many by status (0: no response).
     pub failures: AtomicU64,
+    pub failures_by_status: std::sync::Mutex<std::collections::BTreeMap<u16, u64>>,
     /// When each Service and EndpointSlice patch of the steady phase was
     /// sent, by the resourceVersion it made.
     pub written: std::sync::Mutex<std::collections::HashMap<u64, Instant>>,
+    /// Which of them were Service patches, in order.
+    pub services_written: std::sync::Mutex<Vec<u64>>,
     /// From a patch's sending to its event's arrival at a node, for every
     /// node it reached (µs).
     pub delivery: std::sync::Mutex<Vec<u32>>,
+    /// Every event at a tracked watch, matched with `written` afterwards:
+    /// an event may arrive before its patch's answer.
+    pub arrivals: std::sync::Mutex<Vec<Arrival>>,
+    /// GETs by [`poll_gets`], and their latencies (µs).
+    pub gets: AtomicU64,
+    pub get_latency: std::sync::Mutex<Vec<u32>>,
+}
+
+/// A request answered with a status other than the one wanted.
+#[derive(Debug)]
+struct Refused {
+    what: String,
+    status: StatusCode,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.status)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl Shared {
+    /// Counts a failed request, by its status if it got one.
+    fn failed(&self, e: &anyhow::Error) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let status = e.downcast_ref::<Refused>().map_or(0, |r| r.status.as_u16());
+        if let Ok(mut m) = self.failures_by_status.lock() {
+            *m.entry(status).or_default() += 1;
+        }
+    }
 }
 
 /// Decrements the open count when a watch ends.
@@ -131,8 +225,9 @@ const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
 /// How a watch ended.
 #[derive(Debug, PartialEq, Eq)]
 enum WatchEnd {
-    /// The stream ended (its timeout): watch again from the last RV.
-    Closed,
+    /// The stream ended (its timeout) after it lived this long: watch
+    /// again from the last RV.
+    Closed(Duration),
     /// `410 Gone`: relist.
     Gone,
 }
@@ -147,10 +242,16 @@ pub async fn reflect(
     let mut listed = false;
     while !stop.is_cancelled() {
         let step = if listed {
-            watch(&node, &w, &shared).await.map(|end| {
-                if end == WatchEnd::Gone {
+            watch(&node, &w, &shared).await.map(|end| match end {
+                WatchEnd::Gone => {
                     shared.relists.fetch_add(1, Ordering::Relaxed);
                     listed = false;
+                }
+                WatchEnd::Closed(lived) => {
+                    shared.resumes.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut l) = shared.resumed_after.lock() {
+                        l.push(crate::stats::micros(lived) / 1000);
+                    }
                 }
             })
         } else {
@@ -161,8 +262,8 @@ pub async fn reflect(
         };
         match step {
             Ok(()) => backoff = BACKOFF.build(),
-            Err(_) => {
-                shared.failures.fetch_add(1, Ordering::Relaxed);
+            Err(e) => {
+                shared.failed(&e);
                 let delay = backoff.next().unwrap_or(Duration::from_secs(1));
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -188,18 +289,22 @@ async fn list(node: &SimNode, w: &WatchSpec, shared: &Shared) -> Result<u64> {
         }
         let mut conn = node.conn().await?;
         shared.lists.fetch_add(1, Ordering::Relaxed);
-        let r = node
-            .target
-            .fetch(&mut conn, Method::GET, &w.query(&extra), None)
-            .await?;
-        if r.status != StatusCode::OK {
-            bail!("list {}: {}", w.path, r.status);
+        let resp = conn.send(w.request(node, &conn, &w.query(&extra))?).await?;
+        let status = resp.status();
+        let encoding = Encoding::of(resp.headers().get(header::CONTENT_TYPE));
+        let body = resp.into_body().collect().await?.to_bytes();
+        if status != StatusCode::OK {
+            return Err(Refused {
+                what: format!("list {}", w.path),
+                status,
+            }
+            .into());
         }
-        let page: ListMeta = serde_json::from_slice(&r.body)?;
+        let page = parse_page(&body, encoding)?;
         if rv.is_none() {
-            rv = Some(page.metadata.resource_version.parse()?);
+            rv = Some(page.resource_version.parse()?);
         }
-        continue_token = page.metadata.continue_token.filter(|c| !c.is_empty());
+        continue_token = page.continue_token;
         if continue_token.is_none() {
             return rv.ok_or_else(|| anyhow!("no resourceVersion"));
         }
@@ -213,15 +318,20 @@ async fn watch(node: &SimNode, w: &WatchSpec, shared: &Shared) -> Result<WatchEn
     let extra =
         format!("watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds={timeout}");
     let mut conn = node.conn().await?;
-    let req = node
-        .target
-        .request(&conn, Method::GET, &w.query(&extra), None)?;
-    let resp = conn.send(req).await?;
+    let resp = conn.send(w.request(node, &conn, &w.query(&extra))?).await?;
     match resp.status() {
         StatusCode::OK => {}
         StatusCode::GONE => return Ok(WatchEnd::Gone),
-        s => bail!("watch {}: {s}", w.path),
+        status => {
+            return Err(Refused {
+                what: format!("watch {}", w.path),
+                status,
+            }
+            .into());
+        }
     }
+    let opened = Instant::now();
+    let encoding = Encoding::of(resp.headers().get(header::CONTENT_TYPE));
     shared.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenGuard(&shared.open);
     let mut body = resp.into_body();
@@ -231,13 +341,32 @@ async fn watch(node: &SimNode, w: &WatchSpec, shared: &Shared) -> Result<WatchEn
             continue;
         };
         buf.extend_from_slice(&data);
-        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let line = buf.split_to(pos + 1);
-            match parse_event(&line[..pos])? {
+        loop {
+            let event = match encoding {
+                Encoding::Json => match buf.iter().position(|b| *b == b'\n') {
+                    Some(pos) => {
+                        let line = buf.split_to(pos + 1);
+                        parse_event(&line[..pos])?
+                    }
+                    None => break,
+                },
+                Encoding::Protobuf => match next_frame(&mut buf) {
+                    Some(frame) => parse_frame(&frame)?,
+                    None => break,
+                },
+            };
+            match event {
                 Event::Blank => {}
                 Event::Object(rv) => {
                     shared.events.fetch_add(1, Ordering::Relaxed);
                     w.rv.fetch_max(rv, Ordering::Relaxed);
+                    if let (Some(watch), Ok(mut a)) = (w.tracked, shared.arrivals.lock()) {
+                        a.push(Arrival {
+                            rv,
+                            watch,
+                            at: Instant::now(),
+                        });
+                    }
                     let sent = shared.written.lock().ok().and_then(|m| m.get(&rv).copied());
                     if let (Some(sent), Ok(mut d)) = (sent, shared.delivery.lock()) {
                         d.push(crate::stats::micros(sent.elapsed()));
@@ -251,99 +380,58 @@ async fn watch(node: &SimNode, w: &WatchSpec, shared: &Shared) -> Result<WatchEn
             }
         }
     }
-    Ok(WatchEnd::Closed)
+    Ok(WatchEnd::Closed(opened.elapsed()))
 }
 
-#[derive(Deserialize)]
-pub struct ListMeta {
-    pub metadata: Meta,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct Meta {
-    #[serde(default)]
-    pub resource_version: String,
-    #[serde(default, rename = "continue")]
-    continue_token: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct WireEvent {
-    #[serde(rename = "type")]
-    kind: String,
-    object: WireObject,
-}
-
-#[derive(Deserialize)]
-struct WireObject {
-    #[serde(default)]
-    metadata: Meta,
-    #[serde(default)]
-    code: u16,
-}
-
-/// One watch event line, as far as a reflector needs it.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Event {
-    /// An empty line.
-    Blank,
-    /// ADDED, MODIFIED or DELETED, with the object's resourceVersion.
-    Object(u64),
-    /// BOOKMARK, with its resourceVersion.
-    Bookmark(u64),
-    /// ERROR, with the Status's code.
-    Error(u16),
-}
-
-/// Parses one watch event line (JSON).
-pub fn parse_event(line: &[u8]) -> Result<Event> {
-    if line.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Event::Blank);
-    }
-    let e: WireEvent = serde_json::from_slice(line).context("a malformed watch event")?;
-    let rv = || -> Result<u64> {
-        e.object
-            .metadata
-            .resource_version
-            .parse()
-            .map_err(|_| anyhow!("a {} event without a resourceVersion", e.kind))
-    };
-    match e.kind.as_str() {
-        "ADDED" | "MODIFIED" | "DELETED" => Ok(Event::Object(rv()?)),
-        "BOOKMARK" => Ok(Event::Bookmark(rv()?)),
-        "ERROR" => Ok(Event::Error(e.object.code)),
-        other => bail!("unknown watch event type {other:?}"),
+/// GETs `path` (a consistent read: no resourceVersion, as log agents
+/// read a pod's metadata) every `interval`, the first at a random point
+/// of the first interval so that a fleet's GETs spread out, until `stop`.
+pub async fn poll_gets(
+    node: Arc<SimNode>,
+    w: Arc<WatchSpec>,
+    interval: Duration,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    let first = interval.mul_f64(fastrand::f64());
+    let mut next = tokio::time::Instant::now() + first;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(next) => {}
+        }
+        next += interval;
+        let t = Instant::now();
+        let ok: Result<()> = async {
+            let mut conn = node.conn().await?;
+            let resp = conn.send(w.request(&node, &conn, &w.path)?).await?;
+            let status = resp.status();
+            resp.into_body().collect().await?;
+            if status != StatusCode::OK {
+                return Err(Refused {
+                    what: format!("GET {}", w.path),
+                    status,
+                }
+                .into());
+            }
+            Ok(())
+        }
+        .await;
+        shared.gets.fetch_add(1, Ordering::Relaxed);
+        match ok {
+            Ok(()) => {
+                if let Ok(mut l) = shared.get_latency.lock() {
+                    l.push(crate::stats::micros(t.elapsed()));
+                }
+            }
+            Err(e) => shared.failed(&e),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_watch_events() {
-        let added = br#"{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"a","resourceVersion":"42"},"spec":{}}}"#;
-        assert_eq!(parse_event(added).unwrap(), Event::Object(42));
-        let bookmark = br#"{"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"77","annotations":{"k8s.io/initial-events-end":"true"}}}}"#;
-        assert_eq!(parse_event(bookmark).unwrap(), Event::Bookmark(77));
-        let gone = br#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 1 (5)","reason":"Expired","code":410}}"#;
-        assert_eq!(parse_event(gone).unwrap(), Event::Error(410));
-        assert_eq!(parse_event(b"  ").unwrap(), Event::Blank);
-        assert!(parse_event(br#"{"type":"ADDED","object":{"metadata":{}}}"#).is_err());
-        assert!(parse_event(br#"{"type":"WHAT","object":{}}"#).is_err());
-        assert!(parse_event(b"{").is_err());
-    }
-
-    #[test]
-    fn list_metadata() {
-        let page: ListMeta = serde_json::from_slice(
-            br#"{"kind":"PodList","metadata":{"resourceVersion":"9","continue":"abc"},"items":[{"metadata":{"name":"x"}}]}"#,
-        )
-        .unwrap();
-        assert_eq!(page.metadata.resource_version, "9");
-        assert_eq!(page.metadata.continue_token.as_deref(), Some("abc"));
-    }
 
     #[test]
     fn watch_queries_carry_the_node_scope() {
@@ -357,5 +445,17 @@ mod tests {
         );
         let all = WatchSpec::new("/api/v1/services".into(), None);
         assert_eq!(all.query("limit=500"), "/api/v1/services?limit=500");
+        let labelled = WatchSpec::with(
+            "/api/v1/services".into(),
+            None,
+            WatchOptions {
+                label_selector: Some("!a/b,!c".into()),
+                ..WatchOptions::default()
+            },
+        );
+        assert_eq!(
+            labelled.query("limit=500"),
+            "/api/v1/services?limit=500&labelSelector=%21a%2Fb%2C%21c"
+        );
     }
 }

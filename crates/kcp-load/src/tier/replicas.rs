@@ -23,6 +23,12 @@ const TIER_CONFIG: &str = include_str!("../../../../manifests/tier/config.yaml")
 
 /// A ServiceAccount token for `kube-cache-proxy-tier`.
 pub async fn tier_token(admin: &Target) -> Result<String> {
+    service_account_token(admin, "kube-cache-proxy-tier").await
+}
+
+/// A token (two hours) of ServiceAccount kube-system/`name`, from the
+/// TokenRequest API.
+pub async fn service_account_token(admin: &Target, name: &str) -> Result<String> {
     let mut conn = admin.connect(Proto::H1).await?;
     let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                       "spec": {"expirationSeconds": 7200}});
@@ -30,12 +36,12 @@ pub async fn tier_token(admin: &Target) -> Result<String> {
         .fetch(
             &mut conn,
             Method::POST,
-            "/api/v1/namespaces/kube-system/serviceaccounts/kube-cache-proxy-tier/token",
+            &format!("/api/v1/namespaces/kube-system/serviceaccounts/{name}/token"),
             Some(Bytes::from(serde_json::to_vec(&body)?)),
         )
         .await?;
     if r.status != StatusCode::CREATED {
-        bail!("TokenRequest: {}", r.status);
+        bail!("TokenRequest for {name}: {}", r.status);
     }
     let v: Value = serde_json::from_slice(&r.body)?;
     v["status"]["token"]
@@ -90,6 +96,23 @@ impl TierReplica {
         token: &str,
         watch_batch_ms: Option<u64>,
     ) -> Result<TierReplica> {
+        TierReplica::start_with(bin, dir, i, cp, ca, token, |c| {
+            if let Some(ms) = watch_batch_ms {
+                c.cache.watch_batch_milliseconds = ms;
+            }
+        })
+    }
+
+    /// As [`TierReplica::start`], the configuration changed by `adjust`.
+    pub fn start_with(
+        bin: &Path,
+        dir: &Path,
+        i: usize,
+        cp: &ControlPlane,
+        ca: &Ca,
+        token: &str,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Result<TierReplica> {
         let dir = dir.join(format!("tier-{i}"));
         std::fs::create_dir_all(&dir)?;
         let write = |name: &str, text: &str| -> Result<PathBuf> {
@@ -113,9 +136,8 @@ impl TierReplica {
             (&cert, &key, &client_ca),
             &upstream,
         )?;
-        if let Some(ms) = watch_batch_ms {
-            config.cache.watch_batch_milliseconds = ms;
-        }
+        adjust(&mut config);
+        config.validate()?;
         TierReplica::spawn(bin, &dir, &format!("tier replica {i}"), &config, ca)
     }
 

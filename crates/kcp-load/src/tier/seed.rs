@@ -13,7 +13,8 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::nodes::{ListMeta, Shared};
+use super::nodes::Shared;
+use super::wire::ListMeta;
 use crate::client::{Conn, Proto, Target};
 
 /// Where the seeded objects live.
@@ -129,7 +130,7 @@ pub async fn seed(admin: &Target, nodes: usize, services: usize) -> Result<()> {
     Ok(())
 }
 
-async fn create(target: &Target, conn: &mut Conn, path: &str, body: &Value) -> Result<()> {
+pub async fn create(target: &Target, conn: &mut Conn, path: &str, body: &Value) -> Result<()> {
     let body = Bytes::from(serde_json::to_vec(body)?);
     let r = target.fetch(conn, Method::POST, path, Some(body)).await?;
     match r.status {
@@ -230,6 +231,11 @@ pub async fn writer(
             && let Ok(mut m) = shared.written.lock()
         {
             m.insert(rv, sent);
+        }
+        if kind == "services"
+            && let Ok(mut s) = shared.services_written.lock()
+        {
+            s.push(rv);
         }
         n += 1;
     }
