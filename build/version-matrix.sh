@@ -2,7 +2,8 @@
 # The version matrix: the real-apiserver tests (tests/real/ and tests/real_isolated/: every
 # representation, resourceVersion rules, streaming lists, consistent
 # reads, pagination, compaction, authorization, hollow kubelets, the short
-# robustness run) against each older supported kube-apiserver minor
+# robustness run; the few left out are listed below, with why) against each
+# older supported kube-apiserver minor
 # version, one run per version, the control plane's etcd and kubemark
 # staying the newest's. `cargo test` runs them against the newest
 # (v1.36); this runs 1.34 and 1.35, or the versions given:
@@ -21,10 +22,27 @@ versions=("$@")
 # The real-apiserver tests are two test binaries: the tests that share a
 # control plane (`real`), and those with one each (`real_isolated`).
 tests=(--test real --test real_isolated)
+# Left out of the older versions' runs, each for a reason (CI's 40-minute
+# budget is made of these; issue 61): tests whose subject is the proxy's own
+# machinery, whose apiserver calls `real` and the rest of `real_isolated`
+# already cover at every version, and which take minutes each:
+# - ha:: (client-side balancing and HAProxy failover: the proxy's dialer);
+# - pods:: (a pod's network namespace reaching its node proxy: the proxy's
+#   listeners; the in-pod clients' reads are tables/clients of `real`);
+# - autonomy:: (a node rebooted during an outage: the proxy's snapshots);
+# - kubemark::a_deployment (the newest's scheduler and controller-manager,
+#   which must not be newer than the apiserver: a skew Kubernetes does not
+#   support).
+# The short robustness run stays for 1.34 (its rolling upgrade goes to
+# 1.35); 1.35's apiservers serve in the newest's run (its rolling upgrade
+# from 1.36 goes to 1.35).
+skips=(--skip ha:: --skip pods:: --skip autonomy:: --skip kubemark::a_deployment)
 export KUBE_CACHE_PROXY_REQUIRE_ALL=${KUBE_CACHE_PROXY_REQUIRE_ALL:-1}
 for v in "${versions[@]}"; do
     echo "== the real-apiserver tests against kube-apiserver $v"
     start=$SECONDS
-    KUBE_TESTENV_APISERVER_VERSION=$v cargo test --locked --all-features "${tests[@]}"
+    extra=()
+    [ "$v" = 1.35 ] && extra=(--skip robustness::)
+    KUBE_TESTENV_APISERVER_VERSION=$v cargo test --locked --all-features "${tests[@]}" -- "${skips[@]}" "${extra[@]}"
     echo "== kube-apiserver $v: $((SECONDS - start)) s"
 done

@@ -226,6 +226,11 @@ mod tests {
         false
     }
 
+    // moka expires entries on its own clock (not tokio's, which these
+    // tests cannot pause): every check that an entry is still there has
+    // a margin of seconds to its expiry, and only the checks that one has
+    // expired sleep, past it: neither can pass or fail by a slow machine.
+
     #[tokio::test]
     async fn entries_expire_by_their_own_ttl_and_errors_are_not_cached() {
         let c: TtlCache<u32> = TtlCache::new(10);
@@ -234,14 +239,19 @@ mod tests {
             .await;
         assert_eq!((v, s), (Ok(1), Source::Upstream));
         let (v, s) = c
-            .get_or_fetch([1; 32], async { Ok(fresh(2, 60_000, 0)) }, never)
+            .get_or_fetch([3; 32], async { Ok(fresh(30, 60_000, 0)) }, never)
             .await;
-        assert_eq!((v, s), (Ok(1), Source::Cache));
+        assert_eq!((v, s), (Ok(30), Source::Upstream));
         tokio::time::sleep(Duration::from_millis(80)).await;
-        let (v, _) = c
+        // The short-lived entry is gone, the long-lived one is there.
+        let (v, s) = c
             .get_or_fetch([1; 32], async { Ok(fresh(3, 60_000, 0)) }, never)
             .await;
-        assert_eq!(v, Ok(3));
+        assert_eq!((v, s), (Ok(3), Source::Upstream));
+        let (v, s) = c
+            .get_or_fetch([3; 32], async { Ok(fresh(31, 60_000, 0)) }, never)
+            .await;
+        assert_eq!((v, s), (Ok(30), Source::Cache));
         let (v, _) = c.get_or_fetch([2; 32], async { Err("down") }, never).await;
         assert_eq!(v, Err("down"));
         let (v, s) = c
@@ -255,7 +265,7 @@ mod tests {
         let c: TtlCache<u32> = TtlCache::new(10);
         let unavailable = |e: &&str| *e == "unavailable";
         let (v, _) = c
-            .get_or_fetch([1; 32], async { Ok(fresh(1, 20, 300)) }, unavailable)
+            .get_or_fetch([1; 32], async { Ok(fresh(1, 20, 2_000)) }, unavailable)
             .await;
         assert_eq!(v, Ok(1));
         tokio::time::sleep(Duration::from_millis(40)).await;
@@ -280,8 +290,8 @@ mod tests {
             .get_or_fetch([2; 32], async { Err("unavailable") }, unavailable)
             .await;
         assert_eq!(v, Err("unavailable"));
-        // Not past its last-known lifetime.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Past its last-known lifetime (2 s from the fetch): the error.
+        tokio::time::sleep(Duration::from_millis(2_000)).await;
         let (v, _) = c
             .get_or_fetch([1; 32], async { Err("unavailable") }, unavailable)
             .await;

@@ -787,7 +787,8 @@ mod tests {
     /// With `watchBatchMilliseconds`, what reaches a watch of the whole
     /// resource within the window after an event goes out with it, in one
     /// chunk; a watch pinned to one object is never held.
-    #[tokio::test]
+    /// On tokio's paused clock: the times asserted are exact.
+    #[tokio::test(start_paused = true)]
     async fn a_watch_of_the_resource_holds_events_for_the_batch_window() {
         let window = Duration::from_millis(500);
         let cache = held_cache(window);
@@ -802,7 +803,7 @@ mod tests {
         cache.apply(EventType::Added, cm(2));
         let t = Instant::now();
         assert_eq!(rvs(&one.next_chunk().await.unwrap()), [2]);
-        assert!(t.elapsed() < window / 2, "a pinned watch is not held");
+        assert_eq!(t.elapsed(), Duration::ZERO, "a pinned watch is not held");
         let held = tokio::spawn(async move {
             let chunk = all.next_chunk().await.unwrap();
             (chunk, Instant::now())
@@ -811,13 +812,13 @@ mod tests {
         cache.apply(EventType::Added, cm(3));
         let (chunk, at) = held.await.unwrap();
         assert_eq!(rvs(&chunk), [2, 3], "one chunk");
-        assert!(at - t >= window, "held for the window: {:?}", at - t);
+        assert_eq!(at - t, window, "held for the window");
     }
 
     /// Watches sharing a connection's batch window are written when it
     /// closes: the second watch's event, held after the first's, goes out
     /// with it, not a whole window later.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn watches_of_one_connection_share_its_batch_window() {
         let window = Duration::from_millis(400);
         let cache = held_cache(window);
@@ -841,18 +842,14 @@ mod tests {
         cache.apply(EventType::Added, cm(3));
         let (first, second) = (first.await.unwrap(), second.await.unwrap());
         assert_eq!((first.0, second.0), (vec![2], vec![3]));
-        assert!(first.1 - t >= window, "held for the window");
-        assert!(
-            second.1.saturating_duration_since(first.1) < window / 4,
-            "written when the window closes: {:?} after the first",
-            second.1.saturating_duration_since(first.1)
-        );
+        assert_eq!(first.1 - t, window, "held for the window");
+        assert_eq!(second.1, first.1, "written when the window closes");
     }
 
     /// A held watch writes a bookmark at once, not when the window would
     /// close: a consistent read behind it waits for that bookmark. Events
     /// after it are held as before.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_held_watch_writes_bookmarks_at_once() {
         let window = Duration::from_secs(2);
         let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
@@ -875,14 +872,14 @@ mod tests {
         let events = std::str::from_utf8(&chunk).unwrap();
         assert!(events.starts_with(r#"{"type":"BOOKMARK""#), "{events}");
         assert!(
-            t.elapsed() < window / 4,
-            "written at once: {:?}",
+            t.elapsed() <= Duration::from_millis(100),
+            "written at its interval, not the window's end: {:?}",
             t.elapsed()
         );
         cache.apply(EventType::Added, cm(3));
         let t = Instant::now();
         assert_eq!(rvs(&w.next_chunk().await.unwrap()), [3]);
-        assert!(t.elapsed() >= window, "the event after it is held");
+        assert_eq!(t.elapsed(), window, "the event after it is held");
     }
 
     /// A bookmark never runs ahead of an event the watch still has to
@@ -963,7 +960,7 @@ mod tests {
     /// event's resourceVersion) and while nothing moves (at the same
     /// resourceVersion again); none while the cache is where the watch
     /// started.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_watch_gets_its_bookmarks_whatever_it_was_sent() {
         let cache = Arc::new(crate::cache::resource::tests::test_cache_tuned(
             &prometheus::Registry::new(),

@@ -40,6 +40,9 @@ pub struct RealEnv {
 pub struct Isolated {
     cp: &'static ControlPlane,
     _alone: tokio::sync::MutexGuard<'static, ()>,
+    /// When the control plane was started, for the line its drop prints
+    /// (the time each test holds the binary, which CI's budget is made of).
+    started: std::time::Instant,
 }
 
 static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -50,10 +53,12 @@ impl Isolated {
     /// test skips).
     pub async fn start(options: kube_testenv::Options) -> Option<Isolated> {
         let alone = Isolated::alone().await;
+        let started = std::time::Instant::now();
         let cp = ControlPlane::start_or_skip(options).await?;
         Some(Isolated {
             cp: Box::leak(Box::new(cp)),
             _alone: alone,
+            started,
         })
     }
 
@@ -72,6 +77,11 @@ impl Isolated {
 impl Drop for Isolated {
     fn drop(&mut self) {
         self.cp.stop();
+        eprintln!(
+            "isolated: {} held its control plane {:.1} s",
+            std::thread::current().name().unwrap_or("a test"),
+            self.started.elapsed().as_secs_f64()
+        );
     }
 }
 
