@@ -95,7 +95,6 @@ async fn lists_and_gets_match_the_apiserver() {
             assert_eq!(r.status, 200, "{p}: {}", r.text());
         }
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
 
     let mut paths: Vec<String> = [
         "",
@@ -300,7 +299,6 @@ async fn watches_match_the_apiserver() {
     // Both caches hold the objects before "any" (RV 0) watches start.
     proxy.get(&format!("{base}?resourceVersion={rv}")).await;
     direct.get(&format!("{base}?resourceVersion={rv}")).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
 
     // From a resourceVersion: every change after it, in order.
     let w = writer.clone();
@@ -390,7 +388,6 @@ async fn watches_match_the_apiserver() {
     let rv = env.current_rv().await;
     direct.get(&format!("{base}?resourceVersion={rv}")).await;
     proxy.get(&format!("{base}?resourceVersion={rv}")).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     for (query, n) in [
         ("watch=1&resourceVersion=0", 3),
         ("watch=1&resourceVersion=0&labelSelector=app%3Da", 2),
@@ -606,7 +603,13 @@ async fn identities_get_what_the_apiserver_gives_them() {
     env.proxy(env.admin())
         .get(&format!("{cms}?resourceVersion={rv}"))
         .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The reader's RoleBinding is in force.
+    env.wait_rbac(
+        &json!({"kind": "ServiceAccount", "name": "reader", "namespace": ns}),
+        &json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]),
+        Some(ns.as_str()),
+    )
+    .await;
 
     let common: Vec<String> = vec![
         cms.clone(),
@@ -717,7 +720,6 @@ async fn impersonation_is_decided_as_the_apiserver_decides() {
         async move { (c.get(&p).await.status == 200).then_some(()) }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
 
     let paths = [
         cms.clone(),
@@ -904,7 +906,13 @@ async fn impersonated_writes_are_decided_as_the_apiserver_decides() {
         ]),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // alice's RoleBinding is in force (the grants wait for their own).
+    env.wait_rbac(
+        &user("impw-alice"),
+        &json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}]),
+        Some(ns.as_str()),
+    )
+    .await;
     let auth = env.cert("impw-userinfo", None);
     let (direct, proxy) = (env.direct(auth.clone()), env.proxy(auth));
     let as_alice = ("impersonate-user", "impw-alice");

@@ -216,11 +216,22 @@ async fn consistent_reads_of_a_quiet_resource_are_served_after_a_progress_watch(
     );
     // Meanwhile a progress watch brought the quiet cache up to date, so
     // once the second is over it answers again.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let served = metric(&env, from_cache).await;
-    let list = c.get("/api/v1/namespaces/q/configmaps").await;
-    assert_eq!(names(&list.json()), vec!["only"]);
-    assert_eq!(metric(&env, from_cache).await, served + 1.0);
+    // Lists until one is served from it, within a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let served = metric(&env, from_cache).await;
+        let list = c.get("/api/v1/namespaces/q/configmaps").await;
+        assert_eq!(names(&list.json()), vec!["only"]);
+        if metric(&env, from_cache).await == served + 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never from the cache again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "within the second"
+    );
 }
 
 #[tokio::test]
@@ -574,8 +585,16 @@ async fn reads_wait_for_the_first_list_then_pass_through_and_readyz_says_why() {
         c.cache.ready_wait_milliseconds = 300;
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, body) = env.admin_get("/readyz?verbose").await;
+    // Until the pods' cache is ready (its first list landed); the widgets'
+    // never is.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, body) = env.admin_get("/readyz?verbose").await;
+        if body.contains("[+]cache:pods ok") || Instant::now() > deadline {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(status, 500, "{body}");
     assert!(
         body.contains("[-]cache:widgets.example.com failed: initial list not done"),

@@ -101,7 +101,25 @@ async fn one_clients_requests_in_flight_are_limited_as_the_apiservers() {
     };
     let a = tokio::spawn(slow(env.proxy(admin.clone())));
     let b = tokio::spawn(slow(env.proxy(admin.clone())));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both are waiting in the cache (the gauge of requests served from
+    // it), not merely sent.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = env.admin_get("/metrics").await;
+        let waiting: f64 = text
+            .lines()
+            .filter(|l| l.starts_with(r#"kube_cache_proxy_requests_in_flight{source="cache"}"#))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if waiting >= 2.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{waiting} requests waiting after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // The third of the same client: kube-apiserver's 429.
     let r = env
         .proxy(admin.clone())

@@ -295,9 +295,59 @@ impl RealEnv {
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                    "metadata": {"name": name},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                   "subjects": [subject]}),
+                   "subjects": [subject.clone()]}),
         )
         .await;
+        self.wait_rbac(&subject, &rules, None).await;
+    }
+
+    /// Waits until the apiserver's authorizer allows `subject` the first
+    /// verb on the first resource of each rule, in `namespace` (a
+    /// RoleBinding's) or cluster-wide: its RBAC informers learn of a new
+    /// binding asynchronously. A SubjectAccessReview each, the state the
+    /// test needs, instead of a sleep.
+    pub async fn wait_rbac(&self, subject: &Value, rules: &Value, namespace: Option<&str>) {
+        let name = subject["name"].as_str().unwrap_or_default();
+        let (user, groups) = match subject["kind"].as_str() {
+            Some("ServiceAccount") => (
+                format!(
+                    "system:serviceaccount:{}:{name}",
+                    subject["namespace"].as_str().unwrap_or_default()
+                ),
+                vec!["system:serviceaccounts".to_string()],
+            ),
+            Some("Group") => ("rbac-wait".to_string(), vec![name.to_string()]),
+            _ => (name.to_string(), Vec::new()),
+        };
+        for rule in rules.as_array().into_iter().flatten() {
+            if rule["resources"].as_array().is_none_or(|r| r.is_empty()) {
+                continue;
+            }
+            let first = |k: &str| rule[k][0].as_str().unwrap_or_default().to_string();
+            let review = json!({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {"user": user, "groups": groups, "resourceAttributes": {
+                    "group": first("apiGroups"), "resource": first("resources"),
+                    "verb": first("verbs"), "namespace": namespace.unwrap_or_default()}}});
+            let what = format!(
+                "RBAC to allow {user} {}",
+                review["spec"]["resourceAttributes"]
+            );
+            let admin = self.apiserver();
+            eventually(Duration::from_secs(20), &what, || {
+                let (admin, review) = (admin.clone(), review.clone());
+                async move {
+                    let r = admin
+                        .post_json(
+                            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                            &review,
+                        )
+                        .await;
+                    (r.json()["status"]["allowed"] == true).then_some(())
+                }
+            })
+            .await;
+        }
     }
 
     /// The current resourceVersion of the apiserver (a consistent list).
