@@ -39,5 +39,5 @@ RUN KUBE_CACHE_PROXY_GIT_COMMIT="${GIT_COMMIT}" build/release.sh /kube-cache-pro
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /kube-cache-proxy /usr/local/bin/kube-cache-proxy
 USER 65532:65532
-EXPOSE 6444 9444
+EXPOSE 6444 9444 9445
 ENTRYPOINT ["/usr/local/bin/kube-cache-proxy"]

@@ -9,7 +9,7 @@
 //! etcd restored with and without the revision bumped; and the proxies'),
 //! from a fixed seed; every watch stream is validated against etcd's own
 //! history, epoch by epoch across restores. The long run is the same with
-//! `kcp-robustness --duration 2700`.
+//! `kcp-robustness --duration 2400` (README.md, docs/reliability.md).
 //!
 //! Skipped, with one line, where no control plane is available.
 
