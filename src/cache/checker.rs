@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::upstream::Upstream;
 
-use super::reflector::{QUERY, ReflectorError, get_accepting, read_body};
+use super::reflector::{ListMeta, QUERY, ReflectorError, get_accepting, read_body};
 use super::resource::ResourceCache;
 
 /// Metadata-only lists: what the check needs (namespace, name,
@@ -66,14 +66,6 @@ struct MetaList<'a> {
     /// (handlers/response.go asPartialObjectMetadataList).
     #[serde(borrow, default)]
     items: Option<Vec<MetaItem<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct ListMeta<'a> {
-    #[serde(rename = "resourceVersion", borrow, default)]
-    resource_version: Cow<'a, str>,
-    #[serde(rename = "continue", borrow, default)]
-    continue_token: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::upstream::UpstreamBody;
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use bytes::BytesMut;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -61,6 +61,12 @@ pub enum ReflectorError {
     /// The resourceVersion is too old (`410`): relist.
     #[error("resource version expired: {0}")]
     Expired(String),
+    /// Upstream has not reached the resourceVersion asked for (`504` with
+    /// the cause `ResourceVersionTooLarge`, after its wait: apiserver
+    /// `storage.NewTooLargeResourceVersionError`): upstream is behind the
+    /// cache (restored from a backup, or another apiserver behind).
+    #[error("upstream is behind the resource version: {0}")]
+    TooLarge(String),
     /// The body was not what the apiserver sends.
     #[error("malformed upstream response: {0}")]
     Malformed(String),
@@ -92,12 +98,14 @@ struct ListBody<'a> {
     items: Vec<&'a RawValue>,
 }
 
+/// A list's (or a bookmark's) metadata on the wire: what the reflector
+/// and the consistency checker read of it.
 #[derive(Deserialize)]
-struct ListMeta<'a> {
+pub(super) struct ListMeta<'a> {
     #[serde(rename = "resourceVersion", borrow, default)]
-    resource_version: Cow<'a, str>,
+    pub(super) resource_version: Cow<'a, str>,
     #[serde(rename = "continue", borrow, default)]
-    continue_token: Option<Cow<'a, str>>,
+    pub(super) continue_token: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -120,6 +128,42 @@ struct WireStatus {
     code: u16,
     #[serde(default)]
     message: String,
+    #[serde(default)]
+    details: WireDetails,
+}
+
+#[derive(Deserialize, Default)]
+struct WireDetails {
+    #[serde(default)]
+    causes: Vec<WireCause>,
+}
+
+#[derive(Deserialize)]
+struct WireCause {
+    #[serde(default)]
+    reason: String,
+}
+
+impl WireStatus {
+    /// The error a Status stands for: by its code, and for `504` by its
+    /// cause (`metav1.CauseTypeResourceVersionTooLarge`), never by its
+    /// message's text.
+    fn into_error(self, status: StatusCode) -> ReflectorError {
+        let too_large = || {
+            self.details
+                .causes
+                .iter()
+                .any(|c| c.reason == "ResourceVersionTooLarge")
+        };
+        match status {
+            StatusCode::GONE => ReflectorError::Expired(self.message),
+            StatusCode::GATEWAY_TIMEOUT if too_large() => ReflectorError::TooLarge(self.message),
+            status => ReflectorError::Status {
+                status,
+                message: self.message,
+            },
+        }
+    }
 }
 
 /// What ended a watch stream.
@@ -191,8 +235,30 @@ const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
     .without_max_times();
 
 /// The next delay of a backoff built from [`BACKOFF`] (never exhausted).
-fn next_delay(backoff: &mut impl Iterator<Item = Duration>) -> Duration {
+fn next_delay(backoff: &mut ExponentialBackoff) -> Duration {
     backoff.next().unwrap_or(Duration::from_secs(2))
+}
+
+/// Where a [`Reflector`] is, named as kube-rs's `watcher` names its
+/// states (client-go's `Reflector.ListAndWatch` keeps the same ones in
+/// its loop): it lists when it has nothing upstream gave it, and watches
+/// from the cache's resourceVersion otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Nothing to watch from (the start without a snapshot; after `410
+    /// Gone`, upstream behind the cache, or a relist asked for to heal a
+    /// divergence): list.
+    Empty,
+    /// Filled from a snapshot: watch from its resourceVersion, verifying
+    /// upstream's history first.
+    Resumed,
+    /// Listed or resumed: watch from the cache's resourceVersion. With
+    /// `verify`, the watch resumes from an RV upstream gave before (a
+    /// broken watch, a snapshot), whose history may have gone back since
+    /// (an etcd restore): the checker compares before it.
+    Watching { verify: bool },
+    /// Shut down.
+    Stopped,
 }
 
 /// Runs one resource's reflector until `shutdown`.
@@ -218,114 +284,141 @@ impl Reflector {
         }
     }
 
-    /// Lists and watches until shutdown.
+    /// Lists and watches until shutdown: the state machine of [`State`],
+    /// one step at a time.
     pub async fn run(self) {
         let check = self.check_name();
         self.readiness.register(&check, "initial list not done");
         let progress = tokio::spawn(self.clone().progress_loop());
         let mut backoff = BACKOFF.build();
-        // From a snapshot, the first step is a watch from its RV.
-        let mut resume = self.load_snapshot(&check).await;
-        'relist: loop {
-            if self.shutdown.is_cancelled() {
-                break;
-            }
-            // Resuming a watch from an RV upstream gave before (a snapshot,
-            // a broken watch): its history may have gone back since.
-            let mut verify = resume;
-            let listed = if std::mem::take(&mut resume) {
-                Ok(())
-            } else {
-                self.list().await.inspect(|()| {
-                    self.cache.upstream_up();
-                })
+        let mut state = if self.load_snapshot(&check).await {
+            State::Resumed
+        } else {
+            State::Empty
+        };
+        loop {
+            state = match state {
+                State::Empty | State::Resumed if self.shutdown.is_cancelled() => State::Stopped,
+                State::Empty => self.list_step(&check, &mut backoff).await,
+                State::Resumed => {
+                    self.synced(&check, &mut backoff);
+                    // A watch from an RV upstream gave before: its history
+                    // may have gone back since.
+                    State::Watching { verify: true }
+                }
+                State::Watching { verify } => self.watch_step(&check, verify, &mut backoff).await,
+                State::Stopped => break,
             };
-            match listed {
-                Ok(()) => {
-                    backoff = BACKOFF.build();
-                    if self.cache.upstream_down_since().is_none() {
-                        self.readiness.set(&check, Ok(()));
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(resource = %check, %error, "upstream list failed");
-                    self.refused(&check, &error);
-                    if !self.cache.is_synced() {
-                        self.readiness
-                            .set(&check, Err(format!("initial list not done: {error}")));
-                    } else {
-                        self.upstream_down(&check);
-                    }
-                    if !self.sleep(next_delay(&mut backoff)).await {
-                        break;
-                    }
-                    continue;
-                }
+        }
+        progress.abort();
+    }
+
+    /// [`State::Empty`]: lists; on failure, waits its backoff and lists
+    /// again.
+    async fn list_step(&self, check: &str, backoff: &mut ExponentialBackoff) -> State {
+        match self.list().await {
+            Ok(()) => {
+                self.cache.upstream_up();
+                self.synced(check, backoff);
+                State::Watching { verify: false }
             }
-            loop {
-                if std::mem::take(&mut verify) {
-                    self.verify_history();
+            Err(error) => {
+                tracing::warn!(resource = %check, %error, "upstream list failed");
+                self.refused(check, &error);
+                if !self.cache.is_synced() {
+                    self.readiness
+                        .set(check, Err(format!("initial list not done: {error}")));
+                } else {
+                    self.upstream_down(check);
                 }
-                let rv = self.cache.rv();
-                let timeout = 300 + fastrand::u64(0..300);
-                let started = Instant::now();
-                let result = tokio::select! {
-                    _ = self.shutdown.cancelled() => break 'relist,
-                    why = self.cache.relist_requested() => {
-                        self.cache.metrics.watch_restart(why);
-                        if why == "heal" {
-                            tracing::warn!(resource = %check, rv, "relisting to heal a divergence from upstream");
-                        }
-                        continue 'relist;
-                    }
-                    r = self.watch(rv, timeout, Kind::Reflector) => r,
-                };
-                match result {
-                    Ok(_) => {
-                        self.cache.metrics.watch_restart("closed");
-                        backoff = BACKOFF.build();
-                        // Ended by upstream before its timeout (an
-                        // apiserver stopping, a switch of servers).
-                        verify = started.elapsed() + Duration::from_secs(5)
-                            < Duration::from_secs(timeout);
-                    }
-                    // Resumed at once, in JSON.
-                    Err(ReflectorError::Undecodable(error)) => {
-                        self.cache.metrics.watch_restart("error");
-                        self.fall_back_to_json(&error);
-                    }
-                    Err(ReflectorError::Expired(message)) => {
-                        self.cache.metrics.watch_restart("expired");
-                        tracing::info!(resource = %check, %message, "upstream watch expired; relisting");
-                        continue 'relist;
-                    }
-                    // Upstream is behind the cache (restored from a backup,
-                    // or a snapshot from before that): only a list helps.
-                    Err(ReflectorError::Status { status, message })
-                        if status == StatusCode::GATEWAY_TIMEOUT
-                            && message.contains("Too large resource version") =>
-                    {
-                        self.cache.metrics.watch_restart("expired");
-                        tracing::warn!(resource = %check, %message, "upstream is behind the cache; relisting");
-                        continue 'relist;
-                    }
-                    Err(error) => {
-                        self.cache.metrics.watch_restart("error");
-                        verify = true;
-                        tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
-                        self.refused(&check, &error);
-                        if self.cache.resumed() == Resumed::CatchingUp {
-                            self.cache.set_resumed(Resumed::Unreachable);
-                        }
-                        self.upstream_down(&check);
-                        if !self.sleep(next_delay(&mut backoff)).await {
-                            break 'relist;
-                        }
-                    }
+                if self.sleep(next_delay(backoff)).await {
+                    State::Empty
+                } else {
+                    State::Stopped
                 }
             }
         }
-        progress.abort();
+    }
+
+    /// The cache holds a state upstream gave (listed, or resumed from a
+    /// snapshot): the backoff starts over, and the cache is ready unless
+    /// upstream is down.
+    fn synced(&self, check: &str, backoff: &mut ExponentialBackoff) {
+        *backoff = BACKOFF.build();
+        if self.cache.upstream_down_since().is_none() {
+            self.readiness.set(check, Ok(()));
+        }
+    }
+
+    /// [`State::Watching`]: one upstream watch from the cache's RV, and
+    /// what its end makes of the state.
+    async fn watch_step(
+        &self,
+        check: &str,
+        verify: bool,
+        backoff: &mut ExponentialBackoff,
+    ) -> State {
+        if verify {
+            self.verify_history();
+        }
+        let rv = self.cache.rv();
+        let timeout = 300 + fastrand::u64(0..300);
+        let started = Instant::now();
+        let result = tokio::select! {
+            _ = self.shutdown.cancelled() => return State::Stopped,
+            why = self.cache.relist_requested() => {
+                self.cache.metrics.watch_restart(why);
+                if why == "heal" {
+                    tracing::warn!(resource = %check, rv, "relisting to heal a divergence from upstream");
+                }
+                return State::Empty;
+            }
+            r = self.watch(rv, timeout, Kind::Reflector) => r,
+        };
+        match result {
+            Ok(_) => {
+                self.cache.metrics.watch_restart("closed");
+                *backoff = BACKOFF.build();
+                // Ended by upstream before its timeout (an apiserver
+                // stopping, a switch of servers): verify the next.
+                State::Watching {
+                    verify: started.elapsed() + Duration::from_secs(5)
+                        < Duration::from_secs(timeout),
+                }
+            }
+            // Resumed at once, in JSON.
+            Err(ReflectorError::Undecodable(error)) => {
+                self.cache.metrics.watch_restart("error");
+                self.fall_back_to_json(&error);
+                State::Watching { verify: false }
+            }
+            Err(ReflectorError::Expired(message)) => {
+                self.cache.metrics.watch_restart("expired");
+                tracing::info!(resource = %check, %message, "upstream watch expired; relisting");
+                State::Empty
+            }
+            // Upstream is behind the cache (restored from a backup, or a
+            // snapshot from before that): only a list helps.
+            Err(ReflectorError::TooLarge(message)) => {
+                self.cache.metrics.watch_restart("expired");
+                tracing::warn!(resource = %check, %message, "upstream is behind the cache; relisting");
+                State::Empty
+            }
+            Err(error) => {
+                self.cache.metrics.watch_restart("error");
+                tracing::warn!(resource = %check, %error, rv, "upstream watch failed; resuming");
+                self.refused(check, &error);
+                if self.cache.resumed() == Resumed::CatchingUp {
+                    self.cache.set_resumed(Resumed::Unreachable);
+                }
+                self.upstream_down(check);
+                if self.sleep(next_delay(backoff)).await {
+                    State::Watching { verify: true }
+                } else {
+                    State::Stopped
+                }
+            }
+        }
     }
 
     /// Fills the cache from its snapshot, if there is a usable one, and
@@ -874,16 +967,11 @@ impl Reflector {
                 let s: WireStatus = serde_json::from_slice(object).unwrap_or(WireStatus {
                     code: 0,
                     message: String::from_utf8_lossy(object).into_owned(),
+                    details: WireDetails::default(),
                 });
-                return Err(if s.code == 410 {
-                    ReflectorError::Expired(s.message)
-                } else {
-                    ReflectorError::Status {
-                        status: StatusCode::from_u16(s.code)
-                            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                        message: s.message,
-                    }
-                });
+                let status =
+                    StatusCode::from_u16(s.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                return Err(s.into_error(status));
             }
             other => {
                 return Err(ReflectorError::Malformed(format!(
@@ -958,13 +1046,12 @@ pub(super) async fn get_accepting(
     if let Some(json) = upstream_protobuf::status_json(&bytes) {
         bytes = json.into();
     }
-    let message = serde_json::from_slice::<WireStatus>(&bytes)
-        .map(|s| s.message)
-        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-    if status == StatusCode::GONE {
-        return Err(ReflectorError::Expired(message));
-    }
-    Err(ReflectorError::Status { status, message })
+    let s = serde_json::from_slice::<WireStatus>(&bytes).unwrap_or_else(|_| WireStatus {
+        code: status.as_u16(),
+        message: String::from_utf8_lossy(&bytes).into_owned(),
+        details: WireDetails::default(),
+    });
+    Err(s.into_error(status))
 }
 
 /// The whole body of `resp` (at most [`MAX_LIST_PAGE_BYTES`]), in one

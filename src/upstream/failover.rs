@@ -444,6 +444,30 @@ impl Upstream {
         result
     }
 
+    /// Sends one of the proxy's own small requests (as itself:
+    /// SelfSubjectReviews, `/version`, a check of a Node or of the
+    /// impersonation filter) and reads the whole answer, at most 64 KiB.
+    ///
+    /// # Errors
+    /// The request's failure, or the body's (cut off, or past the limit).
+    pub(crate) async fn own_exchange(
+        &self,
+        req: Request<Body>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), String> {
+        use http_body_util::{BodyExt, Limited};
+        let resp = self
+            .send(req, Credentials::Proxy)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), 64 * 1024)
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body))
+    }
+
     /// Sends an upgrade request to the active server; see
     /// [`Site::send_upgrade`].
     ///

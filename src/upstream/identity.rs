@@ -27,14 +27,12 @@ use std::time::Duration;
 
 use base64::Engine;
 use http::{HeaderValue, Method, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use apimachinery::user::UserInfo;
 
 use super::failover::Upstream;
-use super::site::Credentials;
 use crate::component::config::{CacheConfig, IdentityMode};
 
 /// The user name of node `name`.
@@ -238,7 +236,7 @@ pub async fn confirm_node_access(
                 .map_err(|e| e.to_string())?;
             let value = HeaderValue::from_str(&user).map_err(|e| e.to_string())?;
             req.headers_mut().insert("impersonate-user", value);
-            own_exchange(upstream, req).await
+            upstream.own_exchange(req).await
         }
         .await;
         let reason = match answer {
@@ -491,7 +489,7 @@ async fn impersonated_review(
             HeaderValue::from_str(group).map_err(|e| e.to_string())?,
         );
     }
-    let (status, body) = own_exchange(upstream, req).await?;
+    let (status, body) = upstream.own_exchange(req).await?;
     match status {
         StatusCode::FORBIDDEN => Ok(None),
         StatusCode::CREATED | StatusCode::OK => {
@@ -510,31 +508,12 @@ async fn impersonated_review(
     }
 }
 
-/// Sends one of the proxy's own requests upstream, on its own credentials:
-/// the status and the body (its first 64 KiB).
-async fn own_exchange(
-    upstream: &Upstream,
-    req: http::Request<apimachinery::body::Body>,
-) -> Result<(StatusCode, bytes::Bytes), String> {
-    let resp = upstream
-        .send(req, Credentials::Proxy)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let body = Limited::new(resp.into_body(), 64 * 1024)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
 /// The apiserver's `gitVersion` (`GET /version`, readable by anyone), for
 /// messages; `(version unknown)` when it cannot be read.
 async fn apiserver_version(upstream: &Upstream) -> String {
     let read = async {
         let req = upstream.own_request(Method::GET, "/version", None).ok()?;
-        let (_, body) = own_exchange(upstream, req).await.ok()?;
+        let (_, body) = upstream.own_exchange(req).await.ok()?;
         let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
         v["gitVersion"].as_str().map(str::to_string)
     };

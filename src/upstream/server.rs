@@ -21,7 +21,6 @@
 use std::time::Duration;
 
 use http::{HeaderValue, Method, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use parking_lot::RwLock;
 use prometheus::IntGaugeVec;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +28,6 @@ use tokio_util::sync::CancellationToken;
 use apimachinery::impersonation::Filter;
 
 use super::failover::Upstream;
-use super::site::Credentials;
 
 /// How often the apiserver is asked again.
 const RELEARN: Duration = Duration::from_secs(300);
@@ -151,7 +149,7 @@ async fn version(upstream: &Upstream) -> Result<String, String> {
     let req = upstream
         .own_request(Method::GET, "/version", None)
         .map_err(|e| e.to_string())?;
-    let (status, body) = exchange(upstream, req).await?;
+    let (status, body) = upstream.own_exchange(req).await?;
     if status != StatusCode::OK {
         return Err(format!("/version: {status}"));
     }
@@ -172,7 +170,7 @@ async fn probe_filter(upstream: &Upstream) -> Result<Option<Filter>, String> {
         .map_err(|e| e.to_string())?;
     req.headers_mut()
         .insert("impersonate-user", HeaderValue::from_static(PROBE_USER));
-    let (status, body) = exchange(upstream, req).await?;
+    let (status, body) = upstream.own_exchange(req).await?;
     if status != StatusCode::FORBIDDEN {
         return Ok(None);
     }
@@ -190,23 +188,6 @@ fn filter_of_refusal(body: &[u8]) -> Option<Filter> {
     } else {
         None
     }
-}
-
-async fn exchange(
-    upstream: &Upstream,
-    req: http::Request<apimachinery::body::Body>,
-) -> Result<(StatusCode, bytes::Bytes), String> {
-    let resp = upstream
-        .send(req, Credentials::Proxy)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let body = Limited::new(resp.into_body(), 64 * 1024)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .map_err(|e| e.to_string())?;
-    Ok((status, body))
 }
 
 #[cfg(test)]

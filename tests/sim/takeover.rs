@@ -177,6 +177,46 @@ async fn ready(setup: &Setup, log: &str) {
     }
 }
 
+/// Waits until the proxy on `setup`'s admin port holds the reflector
+/// watch of every cache upstream (`kube_cache_proxy_upstream_watches`,
+/// kind `reflector`, one per `kube_cache_proxy_cache_resource_version`
+/// series): each cache has resumed or listed by then, so its upstream
+/// lists can be counted exactly, not after a hopeful wait.
+async fn every_cache_watching(setup: &Setup) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    loop {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", setup.admin_port)).await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let _ = s
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await;
+            last.clear();
+            let _ = s.read_to_string(&mut last).await;
+            let caches = last
+                .lines()
+                .filter(|l| l.starts_with("kube_cache_proxy_cache_resource_version{"))
+                .count();
+            let watching = last
+                .lines()
+                .filter(|l| {
+                    l.starts_with("kube_cache_proxy_upstream_watches{")
+                        && l.contains(r#"kind="reflector""#)
+                        && l.ends_with(" 1")
+                })
+                .count();
+            if caches > 0 && watching == caches {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every cache watching upstream after 30 s:\n{last}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn sigterm(child: &tokio::process::Child) {
     let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
@@ -452,7 +492,7 @@ async fn a_successor_takes_over_without_a_failed_request_or_a_lost_event() {
         .expect("the drained proxy did not stop at once")
         .unwrap();
     assert!(exited.success());
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    every_cache_watching(&s).await;
     // The successor resumed from the snapshots the first one wrote.
     assert_eq!(load.upstream_lists(), lists_before, "the successor listed");
     println!("{}", load.finish("takeover").await);
@@ -492,7 +532,7 @@ async fn a_socket_activated_restart_refuses_no_connection_and_loses_no_event() {
     let mut second = start_with_sockets(&s, "second.log", &[&api, &admin]);
     ready(&s, "second.log").await;
     let gap = restart.elapsed();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    every_cache_watching(&s).await;
     assert_eq!(
         load.upstream_lists(),
         lists_before,
