@@ -33,7 +33,8 @@ pub fn bars(
     bars_with_note(panels, series, columns, panel_w, panel_h, "")
 }
 
-/// [`bars`], with a line of text under the panels (none when empty).
+/// [`bars`], with text under the panels (none when empty; a line per
+/// `\n`).
 pub fn bars_with_note(
     panels: &[Panel],
     series: &[&str],
@@ -48,11 +49,8 @@ pub fn bars_with_note(
     let legend = if series.is_empty() { 0.0 } else { 20.0 };
     let w = pad + columns as f64 * (panel_w + pad);
     let panels_h = legend + rows as f64 * (panel_h + pad);
-    let h = if note.is_empty() {
-        panels_h
-    } else {
-        panels_h + 20.0
-    };
+    let lines: Vec<&str> = note.lines().collect();
+    let h = panels_h + 16.0 * lines.len() as f64 + if lines.is_empty() { 0.0 } else { 4.0 };
     let mut out = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
     );
@@ -69,10 +67,10 @@ pub fn bars_with_note(
         let top = legend + (p / columns) as f64 * (panel_h + pad);
         out.push_str(&draw(panel, x0, top, panel_w, panel_h, pad));
     }
-    if !note.is_empty() {
+    for (i, line) in lines.iter().enumerate() {
         out.push_str(&format!(
-            r#"<text x="{pad}" y="{}" font-size="11">{note}</text>"#,
-            panels_h + 10.0
+            r#"<text x="{pad}" y="{}" font-size="11">{line}</text>"#,
+            panels_h + 10.0 + 16.0 * i as f64
         ));
     }
     out.push_str("</svg>\n");
@@ -272,9 +270,10 @@ mod tests {
             // is its; the second's is empty (one run), and not drawn.
             whiskers: vec![vec![Some((0.5, 4.0)), Some((2.0, 2.0))]],
         };
-        let svg = bars_with_note(&[panel], &[], 1, 200.0, 250.0, "bars: medians");
+        let svg = bars_with_note(&[panel], &[], 1, 200.0, 250.0, "bars: medians\nof 5");
         assert_eq!(svg.matches("<path").count(), 1, "{svg}");
-        assert!(svg.contains(r#"height="320""#) && svg.contains(">bars: medians<"));
+        assert!(svg.contains(r#"height="336""#), "{svg}");
+        assert!(svg.contains(">bars: medians<") && svg.contains(r#"y="326" font-size="11">of 5<"#));
         // 200 px of height for 4: the bar of 1 is 50 px high, the whisker
         // from 25 px above the axis (at 250) to 200 px above it.
         assert!(svg.contains(r#"height="50.0""#), "{svg}");

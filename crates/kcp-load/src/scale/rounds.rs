@@ -553,7 +553,7 @@ pub fn svg(all: &[Record]) -> Option<String> {
         .max()
         .unwrap_or(0);
     let note = format!(
-        "bars: the median over the rounds (up to {n}); whiskers: min–max. {}",
+        "bars: the median over the rounds (up to {n}); whiskers: min–max.\n{}",
         newest.title()
     );
     let svg = crate::chart::bars_with_note(&panels, &[], 2, 305.0, 270.0, &note);
@@ -563,6 +563,7 @@ pub fn svg(all: &[Record]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scale::slowest::Steps;
 
     #[test]
     fn each_round_rotates_the_order() {
@@ -611,7 +612,10 @@ mod tests {
         let mut r = run(1, "tier", 2.0, 100.0);
         r.slowest.push(PodTimes {
             pod: "load-0/d-000-x".into(),
-            ready_s: Some(3.0),
+            status: Steps {
+                ready_s: Some(3.0),
+                ..Default::default()
+            },
             ..PodTimes::default()
         });
         let failed = Record {
