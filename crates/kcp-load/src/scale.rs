@@ -44,8 +44,28 @@
 //! uncached by the node proxies, to weigh its node cache (another agent
 //! than the kubelet then cannot read it through them).
 //!
-//! `--svg` writes a chart of pod startup latency and apiserver CPU by
-//! topology.
+//! For each run, the pods slowest to start, step by step: bound, seen by
+//! their kubelet, volumes mounted and sandbox up, containers ready, ready
+//! (`slowest`: as watched, and from their status conditions at the end of
+//! the load).
+//!
+//! `--rounds N` runs the topologies interleaved N times, the order
+//! rotated each round, each run on a fresh control plane; `--results FILE`
+//! appends each run's figures to FILE (a JSON object per line) and skips
+//! the runs FILE already holds, so that the same command resumes a
+//! measurement; `--report-only` runs nothing and reports FILE. The report
+//! gives each figure's median and spread over the rounds per topology, and
+//! each topology against direct round by round, with whether the
+//! difference is beyond the run-to-run spread (`rounds`, `spread`).
+//!
+//! `--svg` writes a chart of pod startup latency, apiserver CPU, the worst
+//! API call against its SLO and the mass restart's convergence by
+//! topology: the median over the rounds as the bar, their min–max as the
+//! whisker.
+
+mod rounds;
+mod slowest;
+mod spread;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -83,6 +103,16 @@ pub enum Topology {
     Tier,
 }
 
+impl Topology {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topology::Direct => "direct",
+            Topology::Proxies => "proxies",
+            Topology::Tier => "tier",
+        }
+    }
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct ScaleArgs {
     /// The proxy binary (node proxies and tier replicas, each its own
@@ -102,10 +132,26 @@ pub struct ScaleArgs {
     /// Pods created per second (as Deployments).
     #[arg(long, default_value_t = 10.0)]
     pods_per_second: f64,
-    /// The topologies, in order (repeatable; default all three).
+    /// The topologies, in order (repeatable; default all three): round
+    /// 0's order, rotated left by one each round.
     #[arg(long, value_enum)]
     topology: Vec<Topology>,
-    /// Write the chart here (SVG).
+    /// Rounds: the topologies run this many times, interleaved, the
+    /// order rotated each round (by default round 0 runs direct, proxies,
+    /// tier; round 1 proxies, tier, direct; ...).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+    /// Append each run's figures to this file (a JSON object per line),
+    /// and leave out the runs of this measurement (the same commit,
+    /// variant and sizes) it already holds finished: the same command
+    /// resumes. The report and the chart are then of the whole file.
+    #[arg(long, value_name = "FILE")]
+    results: Option<PathBuf>,
+    /// Run nothing: report `--results` (and write `--svg`).
+    #[arg(long, requires = "results")]
+    report_only: bool,
+    /// Write the chart here (SVG): of `--results`' newest measurement, or
+    /// of this invocation's runs.
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
     /// Skip the mass restart.
@@ -158,8 +204,13 @@ struct Figures {
     restart: Option<Restart>,
     /// Where the apiserver's CPU went during the load's profile.
     profile: Option<crate::pprof::Breakdown>,
+    /// The pods slowest to start, step by step.
+    slowest: Vec<slowest::PodTimes>,
     seconds: f64,
 }
+
+/// How many of a run's slowest pods are broken down.
+const SLOWEST: usize = 5;
 
 /// The LISTs this tool itself sends while it waits for the nodes
 /// ([`nodes_ready`]: every node and Lease, twice a second), and their
@@ -204,21 +255,74 @@ pub async fn scale(a: &ScaleArgs) -> Result<()> {
     } else {
         a.topology.clone()
     };
-    let mut all = Vec::new();
-    for t in topologies {
-        println!(
-            "=== {t:?}: {} hollow nodes, {} pods each",
-            a.nodes, a.pods_per_node
-        );
-        let f = run(a, t).await?;
-        print_figures(&f);
-        all.push(f);
+    let series = rounds::Series::of(a);
+    let mut records = Vec::new();
+    let mut figures = Vec::new();
+    if !a.report_only {
+        let done = match &a.results {
+            Some(path) => rounds::read(path)?,
+            None => Vec::new(),
+        };
+        for round in 0..a.rounds as usize {
+            for t in rounds::order(&topologies, round) {
+                if rounds::done(&done, &series, round, t) {
+                    println!("=== round {round}, {t:?}: in the results already; not run again");
+                    continue;
+                }
+                println!(
+                    "=== round {round}, {t:?}: {} hollow nodes, {} pods each",
+                    a.nodes, a.pods_per_node
+                );
+                let record = rounds::Record::start(&series, round, t);
+                let record = match run(a, t).await {
+                    Ok(f) => {
+                        print_figures(&f);
+                        let r = record.with(&f);
+                        figures.push(f);
+                        r
+                    }
+                    Err(e) if e.downcast_ref::<Skip>().is_some() => return Err(e),
+                    // The other runs go on: a measurement of hours is not
+                    // lost to one run's failure, which the report lists.
+                    Err(e) => {
+                        println!("round {round}, {t:?} failed: {e:#}");
+                        rounds::Record {
+                            error: Some(format!("{e:#}")),
+                            ..record
+                        }
+                    }
+                };
+                if let Some(path) = &a.results {
+                    rounds::append(path, &record)?;
+                }
+                records.push(record);
+            }
+        }
+        if a.rounds == 1 && !figures.is_empty() {
+            println!("--- table");
+            table(&figures);
+        }
     }
-    println!("--- table");
-    table(&all);
+    let failed = records.iter().filter(|r| r.error.is_some()).count();
+    let ran = records.len();
+    let all = match &a.results {
+        Some(path) => rounds::read(path)?,
+        None => records,
+    };
+    if a.report_only || a.rounds > 1 || a.results.is_some() {
+        print!("{}", rounds::report(&all));
+    }
     if let Some(path) = &a.svg {
-        std::fs::write(path, svg(&all))?;
-        println!("chart: {}", path.display());
+        match rounds::svg(&all) {
+            Some(svg) => {
+                std::fs::write(path, svg)?;
+                println!("chart: {}", path.display());
+            }
+            None => println!("chart: no run to draw"),
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {ran} runs failed (above, and in the report)");
     }
     Ok(())
 }
@@ -530,14 +634,11 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         },
         None => None,
     };
-    println!(
-        "slowest pods to start: {}",
-        pods.slowest(10)
-            .iter()
-            .map(|(d, pod, node)| format!("{pod} on {node} {:.2}s", d.as_secs_f64()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let slowest = pods.slowest(SLOWEST);
+    println!("the {SLOWEST} pods slowest to start:");
+    for p in &slowest {
+        println!("  {}", p.show());
+    }
     let watches = metric_sum(
         &apiserver_metrics(&admin).await?,
         "apiserver_longrunning_requests",
@@ -711,6 +812,7 @@ async fn run(a: &ScaleArgs, topology: Topology) -> Result<Figures> {
         hollow_rss_per_node: hollow_rss,
         restart,
         profile,
+        slowest,
         seconds: started.elapsed().as_secs_f64(),
     };
     pods.stop();
@@ -1258,6 +1360,8 @@ struct Seen {
     /// was first seen running again.
     rewritten: Option<Instant>,
     running_again: Option<Instant>,
+    /// Its steps to running, for [`Pods::slowest`].
+    status: slowest::Status,
 }
 
 /// What a watch of every pod has seen, by uid.
@@ -1344,8 +1448,9 @@ impl Pods {
         Summary::of(&mut v)
     }
 
-    /// The `n` pods slowest to start: (startup, `namespace/name`, node).
-    fn slowest(&self, n: usize) -> Vec<(Duration, String, String)> {
+    /// The `n` pods slowest to start (creation to running, of those
+    /// seen running), step by step.
+    fn slowest(&self, n: usize) -> Vec<slowest::PodTimes> {
         let s = self
             .state
             .lock()
@@ -1353,14 +1458,15 @@ impl Pods {
         let mut v: Vec<_> = s
             .pods
             .values()
-            .filter_map(|p| {
-                p.first_running
-                    .map(|r| (r - p.added, p.name.clone(), p.node.clone()))
-            })
+            .filter_map(|p| p.first_running.map(|r| (r - p.added, p, r)))
             .collect();
         v.sort_by_key(|p| std::cmp::Reverse(p.0));
-        v.truncate(n);
-        v
+        v.into_iter()
+            .take(n)
+            .map(|(_, p, running)| {
+                slowest::PodTimes::of(&p.name, &p.node, p.added, running, &p.status)
+            })
+            .collect()
     }
 
     /// From now on, note when each pod is first written again and first
@@ -1424,6 +1530,13 @@ impl Pods {
     }
 
     fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for Pods {
+    /// The watch ends with it, a failed run's too.
+    fn drop(&mut self) {
         self.stop.cancel();
     }
 }
@@ -1500,7 +1613,9 @@ async fn watch_pods(admin: &Target, state: &Mutex<PodState>, rv: &mut String) ->
                 node: String::new(),
                 rewritten: None,
                 running_again: None,
+                status: slowest::Status::default(),
             });
+            seen.status.update(pod, now);
             if let Some(node) = pod["spec"]["nodeName"].as_str() {
                 node.clone_into(&mut seen.node);
             }
@@ -1681,33 +1796,6 @@ fn table(all: &[Figures]) {
     for (what, f) in rows {
         println!("| {what} | {} |", col(&|x| f(x)));
     }
-}
-
-/// Two bar charts side by side: pod startup p50/p90/p99 (ms) and the
-/// apiserver's CPU seconds, by topology.
-fn svg(all: &[Figures]) -> String {
-    let panel = |title: &str, values: &dyn Fn(&Figures) -> Vec<f64>| crate::chart::Panel {
-        title: title.into(),
-        log: false,
-        groups: all
-            .iter()
-            .map(|f| {
-                (
-                    f.topology.clone(),
-                    values(f).into_iter().map(Some).collect(),
-                )
-            })
-            .collect(),
-    };
-    let panels = [
-        panel("pod startup latency (ms): p50, p90, p99", &|f| {
-            [f.startup.p50, f.startup.p90, f.startup.p99]
-                .map(|us| us as f64 / 1000.0)
-                .to_vec()
-        }),
-        panel("apiserver CPU (s)", &|f| vec![f.apiserver_cpu]),
-    ];
-    crate::chart::bars(&panels, &[], 2, 305.0, 270.0)
 }
 
 #[cfg(test)]

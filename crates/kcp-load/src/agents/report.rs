@@ -446,6 +446,7 @@ pub fn svg(reports: &[Report]) -> String {
                 (format!("{n} nodes"), values)
             })
             .collect(),
+        whiskers: Vec::new(),
     };
     let panels = [
         panel("apiserver watches", true, &|r| Some(r.apiserver.watches)),
