@@ -21,7 +21,7 @@
 # Every test that cannot run here (a binary, a tool, a privilege, a
 # version missing) fails, naming what it lacks (KUBE_CACHE_PROXY_REQUIRE_ALL,
 # kube_testenv::skip); set KUBE_CACHE_PROXY_REQUIRE_ALL=0 to let such tests
-# skip, and the skips are tallied at the end. About 55 minutes on 2 cores
+# skip, and the skips are tallied at the end. About 37 minutes on 2 cores
 # from a clean clone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
