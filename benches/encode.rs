@@ -236,7 +236,7 @@ fn encode(c: &mut Criterion) {
         });
         g.bench_function(format!("{}/protobuf", case.name), |b| {
             b.iter(|| {
-                let (kind, json) = kube_cache_proxy::cache::upstream_protobuf::event(
+                let (kind, json) = kube_cache_proxy::cache::ingest::upstream_protobuf::event(
                     black_box(&frame[4..]),
                     &codec,
                 )

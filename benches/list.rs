@@ -24,10 +24,10 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use http_body_util::BodyExt;
 use kube_cache_proxy::cache::encode;
 use kube_cache_proxy::cache::filter::Filter;
-use kube_cache_proxy::cache::list;
 use kube_cache_proxy::cache::negotiate::Representation;
 use kube_cache_proxy::cache::object::CachedObject;
 use kube_cache_proxy::cache::resource::ResourceInfo;
+use kube_cache_proxy::cache::serve::list;
 use kube_cache_proxy::cache::store::{Keys, Objects};
 use prometheus::{IntCounter, IntGauge};
 

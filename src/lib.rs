@@ -507,7 +507,7 @@ struct App {
     handler: Arc<Handler>,
     tls: ServerTls,
     metrics: Metrics,
-    persister: Option<Arc<cache::persist::Persister>>,
+    persister: Option<Arc<cache::ingest::persist::Persister>>,
     readiness: Readiness,
     /// Cancelled to stop serving, the reflectors and the background work.
     token: CancellationToken,
@@ -689,7 +689,7 @@ async fn wait_ready(readiness: &Readiness, timeout: Duration) -> bool {
 
 /// What this process does when a successor takes over.
 struct RunHandover {
-    persister: Option<Arc<cache::persist::Persister>>,
+    persister: Option<Arc<cache::ingest::persist::Persister>>,
     in_progress: AtomicBool,
 }
 

@@ -2,7 +2,7 @@
 //! panic.
 #![no_main]
 
-use kube_cache_proxy::cache::{continue_token, query};
+use kube_cache_proxy::cache::serve::{continue_token, query};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

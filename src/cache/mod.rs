@@ -2,28 +2,23 @@
 //! and recent events fed by one upstream list+watch, answering list, get
 //! and watch exactly as kube-apiserver would (see [`serve`]).
 
-pub mod checker;
+// The shared core, which both sides use.
 pub mod compaction;
-pub mod continue_token;
 pub mod encode;
 pub mod event;
 pub mod filter;
-pub mod list;
 pub mod metrics;
 pub mod negotiate;
 pub mod object;
-pub mod persist;
 pub mod probe;
-pub mod query;
-pub mod reflector;
 pub mod resource;
-pub mod serve;
-pub mod silence;
 pub mod status;
 pub mod store;
-pub mod upstream_protobuf;
-pub mod view;
-pub mod watcher;
+
+// What reads upstream and keeps the cache right.
+pub mod ingest;
+// What answers clients from it.
+pub mod serve;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,8 +31,9 @@ use crate::component::ready::Readiness;
 use crate::upstream::Upstream;
 use apimachinery::resource::{FieldSet, Gvr, built_in, is_built_in_group};
 
+use self::ingest::reflector::Reflector;
+use self::ingest::{checker, persist, silence};
 use self::metrics::CacheMetrics;
-use self::reflector::Reflector;
 use self::resource::{ReadSettings, ResourceCache, ResourceInfo, Siblings};
 use self::store::Settings;
 

@@ -169,7 +169,7 @@ pub struct CachedObject {
     /// The length of this version's protobuf message, once a read has
     /// encoded it, or 0. A protobuf list's envelope carries the list's
     /// length before its items; when every item's is known, the list is
-    /// sent as it is encoded (`list::streamed_protobuf_list`).
+    /// sent as it is encoded (`serve::list::streamed_protobuf_list`).
     proto_len: AtomicU32,
     labels: LabelStore,
     fields: ExtraFields,

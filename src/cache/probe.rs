@@ -1,6 +1,6 @@
 //! What a consistency probe may take and how it fails: the `limit=1`
 //! list that learns upstream's current resourceVersion for a consistent
-//! read (`cache::reflector` sends it, `cache::resource` shares one among
+//! read (`cache::ingest::reflector` sends it, `cache::resource` shares one among
 //! the reads waiting on it, `cache::serve` answers by its outcome).
 
 use std::time::Duration;

@@ -147,7 +147,7 @@ pub struct ResourceCache {
     synced: watch::Sender<bool>,
     /// Counts relists that found upstream's history gone back (the cache
     /// reset): its snapshot on disk holds the old history, and is
-    /// rewritten at once (`persist.rs`).
+    /// rewritten at once (`ingest/persist.rs`).
     history_resets: watch::Sender<u64>,
     progress_wanted: Notify,
     /// A relist asked for by the consistency checker, or because
@@ -199,7 +199,7 @@ pub struct ResourceCache {
     timeline_from: AtomicU64,
     /// After a crash: whether the crashed process recorded that its
     /// history past the snapshot was upstream's own (its timeline mark,
-    /// `persist.rs`).
+    /// `ingest/persist.rs`).
     crashed_timeline_upstreams: AtomicBool,
     /// While a successor takes over: the reflector applies nothing (it
     /// stops reading upstream), so nothing is served past the snapshot the

@@ -21,8 +21,8 @@ use crate::auth::{
 };
 use crate::cache::Caches;
 use crate::cache::resource::ResourceCache;
+use crate::cache::serve::view::View;
 use crate::cache::serve::{Answer, Read, serve};
-use crate::cache::view::View;
 use crate::component::metrics::{Metrics, RequestLabels, Source};
 use crate::server::kubernetes_service::KubernetesService;
 use crate::server::passthrough;
@@ -116,7 +116,7 @@ impl Handler {
         self
     }
 
-    /// The view `user` reads `info` with (`cache::view`): this node's
+    /// The view `user` reads `info` with (`cache::serve::view`): this node's
     /// kubelet reading Services, with `podNetwork.kubernetesService` set
     /// (rewritten or not now: a change ends its watches).
     fn view_for(&self, user: Option<&UserInfo>, info: &RequestInfo) -> Option<&Arc<View>> {

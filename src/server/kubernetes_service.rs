@@ -13,7 +13,7 @@
 //! `clusterIPs` and the port named `https`. Here only the user
 //! `system:node:<nodeName>` in `system:nodes` sees it, in every read the
 //! cache answers (get, list, a watch's initial events and events:
-//! `cache::view`); every other client, kube-proxy above all, reads the real
+//! `cache::serve::view`); every other client, kube-proxy above all, reads the real
 //! Service. A read the cache cannot answer passes through and gets the
 //! real one (counted as such).
 //!
@@ -39,8 +39,8 @@ use crate::cache::encode;
 use crate::cache::negotiate::Encoding;
 use crate::cache::object::CachedObject;
 use crate::cache::resource::ResourceCache;
+use crate::cache::serve::view::View;
 use crate::cache::status::KubernetesServiceStatus;
-use crate::cache::view::View;
 use crate::component::config::{Config, KubernetesServiceMode};
 use crate::component::metrics::KubernetesServiceMetrics;
 use apimachinery::body::{Body, BoxError};

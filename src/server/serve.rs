@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::auth::{ClientCertificate, UserInfo};
-use crate::cache::watcher::BatchWindow;
+use crate::cache::serve::watcher::BatchWindow;
 use crate::component::metrics::Metrics;
 use crate::component::woken::WokenOnly;
 use crate::server::accept;

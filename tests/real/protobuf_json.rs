@@ -506,7 +506,7 @@ async fn a_cache_reading_upstream_in_protobuf_answers_as_the_apiserver() {
     assert_eq!(fallbacks, 0.0);
     // The reflector's `Accept` offers JSON after protobuf (for a server
     // that cannot encode the kind so): the apiserver picks protobuf.
-    use kube_cache_proxy::cache::upstream_protobuf::{LIST_ACCEPT, WATCH_ACCEPT};
+    use kube_cache_proxy::cache::ingest::upstream_protobuf::{LIST_ACCEPT, WATCH_ACCEPT};
     for (path, accept, content_type) in [
         (
             "/api/v1/pods?limit=1",

@@ -148,7 +148,7 @@ const BEHIND_AFTER_A_LAG: Duration = Duration::from_secs(10);
 /// The same behind a load balancer whose health check does not see the
 /// lag on open connections: the proxy reconnects once its watches have
 /// been silent for 30 s and a consistent read on the connection failed
-/// (`cache/silence.rs`: at most 40 s), and resumes on another apiserver.
+/// (`cache/ingest/silence.rs`: at most 40 s), and resumes on another apiserver.
 const BEHIND_A_LOAD_BALANCER_AFTER_A_LAG: Duration = Duration::from_secs(50);
 
 /// Reads through the proxy (every 50 ms for 10 s) that may fail around a
@@ -359,7 +359,7 @@ async fn behind_haproxy(cp: &'static ControlPlane) {
     assert!(f.failed <= FAILED_READS, "{f:?}");
     // HAProxy's health check marks a lagging apiserver down for new
     // connections, but the proxy's watch stays on its connection, silent:
-    // the proxy's watchdog (`cache/silence.rs`) finds it and reconnects.
+    // the proxy's watchdog (`cache/ingest/silence.rs`) finds it and reconnects.
     wait_all_ready(cp).await;
     let f = fault_and_measure(&env, &ns, Fault::Lag, Duration::from_secs(60)).await;
     println!(

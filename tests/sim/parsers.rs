@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use kube_cache_proxy::auth::{bearer_token, impersonation};
 use kube_cache_proxy::cache::negotiate::{Verb, negotiate};
 use kube_cache_proxy::cache::object::CachedObject;
-use kube_cache_proxy::cache::{continue_token, query};
+use kube_cache_proxy::cache::serve::{continue_token, query};
 use kube_cache_proxy::component::config::Config;
 use proptest::prelude::*;
 

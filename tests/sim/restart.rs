@@ -36,7 +36,7 @@ async fn metric(running: &Running, prefix: &str) -> f64 {
 
 /// Lists of every resource the sim has served, but the `limit=1` probes
 /// (a resumed watch checks that upstream's history did not go back:
-/// `cache/reflector.rs`).
+/// `cache/ingest/reflector.rs`).
 fn lists(sim: &Sim) -> u64 {
     sim.full_lists(None)
 }

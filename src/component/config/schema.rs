@@ -369,7 +369,7 @@ pub struct CacheConfig {
     pub consistency_check: ConsistencyCheckConfig,
 }
 
-/// The consistency checker (`cache/checker.rs`), after kube-apiserver's
+/// The consistency checker (`cache/ingest/checker.rs`), after kube-apiserver's
 /// (`DetectCacheInconsistency`, `staging/src/k8s.io/apiserver/pkg/storage/
 /// cacher/delegator.go`): per cached resource, every `periodSeconds` to
 /// 1.5 × that after the previous check ended, a metadata-only list of the
@@ -396,7 +396,7 @@ impl Default for ConsistencyCheckConfig {
     }
 }
 
-/// Cache snapshots on disk (`cache/persist.rs`): written periodically, at
+/// Cache snapshots on disk (`cache/ingest/persist.rs`): written periodically, at
 /// shutdown and when a successor takes over; read at start, when the
 /// proxy serves from them at once and resumes each upstream watch from
 /// the snapshot's resourceVersion, listing only if the apiserver answers

@@ -12,7 +12,7 @@
 //!   mounts (`fieldSelector=metadata.name=<name>`), which a node proxy
 //!   passes through;
 //!
-//! each a reflector as the proxy's (`src/cache/reflector.rs`): a paginated
+//! each a reflector as the proxy's (`src/cache/ingest/reflector.rs`): a paginated
 //! list (`limit=500`), then a watch from its resourceVersion with
 //! `allowWatchBookmarks=true` and `timeoutSeconds` 300–600; a watch that
 //! ends resumes from the last resourceVersion seen, after a jittered backoff

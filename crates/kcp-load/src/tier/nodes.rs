@@ -213,7 +213,7 @@ impl Drop for OpenGuard<'_> {
     }
 }
 
-/// The proxy reflector's backoff (`src/cache/reflector.rs`): 0.1 s
+/// The proxy reflector's backoff (`src/cache/ingest/reflector.rs`): 0.1 s
 /// doubling to 1 s, with jitter.
 const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
     .with_min_delay(Duration::from_millis(100))

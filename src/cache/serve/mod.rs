@@ -51,6 +51,18 @@
 //! Passing through is slower, never stale. Writes that went through the
 //! proxy are covered because they complete before the client's next
 //! request starts.
+//!
+//! The serving side of the cache: this dispatch, and its parts below. It
+//! imports the shared core (`cache::{resource, store, object, event,
+//! encode, negotiate, filter, probe, compaction}`) and, of the ingest side,
+//! only the upstream reads that prove a consistent read
+//! (`cache::ingest::reflector::{probe_rv, probe_compaction, read_one}`).
+
+pub mod continue_token;
+pub mod list;
+pub mod query;
+pub mod view;
+pub mod watcher;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,19 +79,20 @@ use apimachinery::body::{Body, BoxError};
 use apimachinery::request::RequestInfo;
 use apimachinery::status::Status;
 
+use self::query::{ListOptions, Match, QueryError};
+use self::view::View;
+use self::watcher::WatchParams;
 use super::compaction::Verdict;
-use super::continue_token;
 use super::encode;
 use super::filter::Filter;
-use super::list;
 use super::negotiate::{Encoding, ErrorEncoding, Negotiated, Verb, negotiate};
 use super::probe::{PROBE_TIMEOUT, ProbeError};
-use super::query::{self, ListOptions, Match, QueryError};
-use super::reflector::{probe_compaction, probe_rv, read_one};
 use super::resource::ResourceCache;
 use super::store::Start;
-use super::view::View;
-use super::watcher::{self, WatchParams};
+
+// The serving side's one import from the ingest side: the upstream reads
+// that prove a consistent read (docs/architecture.md).
+use super::ingest::reflector::{probe_compaction, probe_rv, read_one};
 
 /// Why a read passes through when its resourceVersion is older than the
 /// cache's history.

@@ -22,12 +22,12 @@ use apimachinery::body::{Body, BoxError};
 use apimachinery::protobuf;
 
 use super::continue_token;
-use super::encode;
-use super::filter::Filter;
-use super::negotiate::{Encoding, MetaVersion, Representation};
-use super::object::CachedObject;
-use super::resource::ResourceInfo;
-use super::store::{Keys, Objects};
+use crate::cache::encode;
+use crate::cache::filter::Filter;
+use crate::cache::negotiate::{Encoding, MetaVersion, Representation};
+use crate::cache::object::CachedObject;
+use crate::cache::resource::ResourceInfo;
+use crate::cache::store::{Keys, Objects};
 
 /// Bytes per body frame: large enough to amortize framing, small enough to
 /// keep a large list from sitting whole in memory.

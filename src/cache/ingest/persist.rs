@@ -36,9 +36,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::object::CachedObject;
-use super::resource::{ResourceCache, ResourceInfo};
-use super::store::{Listed, Objects};
+use crate::cache::object::CachedObject;
+use crate::cache::resource::{ResourceCache, ResourceInfo};
+use crate::cache::store::{Listed, Objects};
 
 /// The file's first bytes.
 const MAGIC: &[u8; 8] = b"KCPSNAP\n";

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use super::event::Event;
-use super::object::CachedObject;
-use super::store::Objects;
+use crate::cache::event::Event;
+use crate::cache::object::CachedObject;
+use crate::cache::store::Objects;
 
 /// Rewrites one object version; `None` leaves it as it is.
 pub type RewriteFn = dyn Fn(&CachedObject) -> Option<CachedObject> + Send + Sync;

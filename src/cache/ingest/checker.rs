@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 use crate::upstream::Upstream;
 
 use super::reflector::{ListMeta, QUERY, ReflectorError, get_accepting, read_body};
-use super::resource::ResourceCache;
+use crate::cache::resource::ResourceCache;
 
 /// Metadata-only lists: what the check needs (namespace, name,
 /// resourceVersion), in a fraction of the objects' bytes.

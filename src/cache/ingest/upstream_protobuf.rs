@@ -10,7 +10,7 @@
 
 use apimachinery::protobuf::{self, Message, fields, find_field, to_json};
 
-use super::encode::ProtoCodec;
+use crate::cache::encode::ProtoCodec;
 
 /// A list's `Accept`: protobuf, or JSON from a server that cannot encode
 /// the kind in protobuf (as client-go asks,

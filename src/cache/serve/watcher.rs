@@ -27,14 +27,14 @@ use crate::component::woken::WokenOnly;
 use apimachinery::body::{Body, BoxError};
 use apimachinery::status::Status;
 
-use super::encode::{self, ProtoCodec};
-use super::event::{Event, Which};
-use super::filter::Filter;
 use super::list::{response_with, upper_bound};
-use super::negotiate::{Encoding, Representation};
-use super::resource::ResourceCache;
-use super::store::{CatchUp, Delivery, Objects, Start, TooOld, WatcherLink};
 use super::view::View;
+use crate::cache::encode::{self, ProtoCodec};
+use crate::cache::event::{Event, Which};
+use crate::cache::filter::Filter;
+use crate::cache::negotiate::{Encoding, Representation};
+use crate::cache::resource::ResourceCache;
+use crate::cache::store::{CatchUp, Delivery, Objects, Start, TooOld, WatcherLink};
 
 /// Bytes gathered into one body frame before it is written.
 const CHUNK: usize = 64 * 1024;

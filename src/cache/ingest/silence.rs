@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::upstream::Upstream;
 
-use super::probe::ProbeError;
 use super::reflector::probe_rv;
-use super::resource::ResourceCache;
+use crate::cache::probe::ProbeError;
+use crate::cache::resource::ResourceCache;
 
 /// How long every upstream watch may say nothing before upstream is asked
 /// whether it is current. Above a healthy apiserver's bookmark interval

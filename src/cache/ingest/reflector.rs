@@ -32,14 +32,14 @@ use tokio_util::sync::CancellationToken;
 use crate::component::ready::Readiness;
 use crate::upstream::{Credentials, Upstream, error_chain};
 
-use super::compaction::Verdict;
-use super::event::EventType;
-use super::object::CachedObject;
 use super::persist::Snapshots;
-use super::probe::{PROBE_TIMEOUT, ProbeError};
-use super::resource::{ResourceCache, ResourceInfo, Resumed};
-use super::store::Listed;
 use super::upstream_protobuf::{self, Undecodable};
+use crate::cache::compaction::Verdict;
+use crate::cache::event::EventType;
+use crate::cache::object::CachedObject;
+use crate::cache::probe::{PROBE_TIMEOUT, ProbeError};
+use crate::cache::resource::{ResourceCache, ResourceInfo, Resumed};
+use crate::cache::store::Listed;
 use apimachinery::selector::{FieldRequirement, FieldSelector};
 
 /// Items per upstream list page.
@@ -1231,7 +1231,7 @@ pub fn probe_rv(
 /// consistent get costs (the apiserver reads one key: registry
 /// `Store.ListPredicate`, `MatchesSingle`), and answers a consistent
 /// streaming list of that object while the cache has not yet reached
-/// upstream's revision (`serve.rs` `consistent_one`).
+/// upstream's revision (`serve/mod.rs` `consistent_one`).
 pub fn read_one(
     upstream: Upstream,
     info: &ResourceInfo,
